@@ -1,0 +1,120 @@
+"""The engine contract: what the core and the pipeline may rely on, and nothing more.
+
+An engine plugin is an object registered under the entry-point group ``ffai.engines``.
+It carries an :class:`EngineInfo`, answers cheap questions from the checkpoint's small
+files (``check_window``) and loads a model lazily (``load``). The loaded model offers the
+three pipeline stages as plain functions plus ``describe`` for direct library use.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
+
+from ffai.errors import UsageError
+
+if TYPE_CHECKING:  # pragma: no cover - typing only; torch and PIL load lazily
+    from PIL import Image
+
+STATUSES = ("experimental", "stable")
+DTYPES = ("float32", "bfloat16")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    name: str
+    task: str
+    status: str
+    description: str
+    default_model: str
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"engine {self.name!r}: status must be one of {STATUSES}")
+
+
+@dataclass(frozen=True)
+class DecodingOptions:
+    """How to decode one request. Validated once, here; engines trust it afterwards.
+
+    ``prompt=None`` lets the engine use its default question. ``force_new_tokens`` makes the
+    engine produce exactly ``max_new_tokens`` tokens whatever stop tokens appear (gates, bench).
+    Greedy decoding (temperature 0) needs no seed; sampling does, so runs are reproducible.
+    """
+
+    prompt: str | None = None
+    max_new_tokens: int = 64
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    force_new_tokens: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise UsageError("--max-new-tokens must be at least 1")
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise UsageError("--temperature must be a finite number >= 0")
+        if not 0 < self.top_p <= 1:
+            raise UsageError("--top-p must be in (0, 1]")
+        if self.top_k < 0:
+            raise UsageError("--top-k must be >= 0")
+        if self.prompt is not None and not self.prompt.strip():
+            raise UsageError("--prompt must not be empty")
+        wants_sampling = self.temperature > 0 or self.top_p < 1 or self.top_k > 0
+        if wants_sampling and self.seed is None:
+            raise UsageError("sampling (--temperature/--top-p/--top-k) needs --seed so runs are reproducible")
+        if wants_sampling and self.temperature == 0:
+            raise UsageError("--top-p/--top-k need --temperature > 0")
+
+    @property
+    def sampling(self) -> bool:
+        return self.temperature > 0
+
+
+@dataclass(frozen=True)
+class RuntimeOptions:
+    """Where and how a model runs. ``threads=None`` leaves torch's thread count alone."""
+
+    dtype: str = "float32"
+    device: str = "auto"
+    threads: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise UsageError(f"--dtype must be one of {', '.join(DTYPES)}")
+        if self.device not in DEVICES:
+            raise UsageError(f"--device must be one of {', '.join(DEVICES)}")
+        if self.threads is not None and self.threads < 1:
+            raise UsageError("--threads must be at least 1")
+
+
+class LoadedModel(Protocol):
+    """A model with its weights in memory. The three stages compose into ``describe``.
+
+    ``split`` chooses tiling: True for a still image (tiles + global image), False for
+    video frames (one unsplit image each).
+    """
+
+    def preprocess(self, images: Sequence["Image.Image"], options: DecodingOptions, *, split: bool) -> Any: ...
+
+    def encode(self, prepared: Any) -> Any: ...
+
+    def generate(
+        self, encoded: Any, options: DecodingOptions, on_token: Callable[[str], None] | None = None
+    ) -> str: ...
+
+    def describe(self, images: Sequence["Image.Image"], options: DecodingOptions, *, split: bool) -> str: ...
+
+
+class Engine(Protocol):
+    info: EngineInfo
+
+    def check_window(self, model_dir: Path, n_images: int, options: DecodingOptions, *, split: bool) -> None:
+        """Refuse (UsageError naming --window) a request whose prompt cannot fit the context.
+        Reads only the checkpoint's small files; never loads weights."""
+
+    def load(self, model_dir: Path, runtime: RuntimeOptions) -> LoadedModel: ...
