@@ -1,0 +1,479 @@
+"""Cues → caption tracks (srt, vtt, json, jsonl, txt), written so the file on disk is always
+complete and valid (DESIGN §6).
+
+Two halves: a *format* turns cues into text (SRT and VTT share one base and differ in a
+header and one method, after whisper's ``utils.py``), and a *sink* puts that text somewhere.
+
+File sinks publish through a temporary file beside the target, fsynced and renamed into
+place, so a reader (or a kill) never sees a torn file:
+
+* srt, vtt, jsonl, txt — the first cue creates the file (header + cue) by rename; every later
+  cue is appended to the same open file, flushed and fsynced. A kill between cues leaves every
+  finished cue in a valid file.
+* json — one document, rewritten whole through a temporary file and renamed for every cue.
+* A track with no cue is created only by ``close`` (an empty track is a valid file). A run that
+  fails before its first cue (``abort``) creates nothing and leaves an existing target alone,
+  even with ``overwrite``.
+
+Stream sinks (``-o -``) write and flush each cue as it comes; json cannot be rewritten on a
+stream, so its document is printed once, at ``close`` (or at ``abort`` when cues finished).
+
+Timestamps are integers of milliseconds from :meth:`Cue.from_window` on, rounded once.
+"""
+
+from __future__ import annotations
+
+import datetime
+import html
+import json
+import os
+import secrets
+import stat
+import sys
+from dataclasses import dataclass
+from typing import IO, Any, ClassVar, Sequence
+
+from ffai.errors import OutputError, UsageError
+
+
+@dataclass(frozen=True)
+class Cue:
+    index: int  # 1-based, in output order
+    start_ms: int
+    end_ms: int
+    frame_times_ms: tuple[int, ...]
+    text: str
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.start_ms <= self.end_ms:
+            raise ValueError(f"cue {self.index}: bad times {self.start_ms} ms → {self.end_ms} ms")
+
+    @classmethod
+    def from_window(cls, window: Any, text: str) -> Cue:
+        """The cue of one window (``ffai.windows.Window``); seconds are rounded to ms here, once."""
+        return cls(
+            index=window.index + 1,
+            start_ms=round(window.start * 1000),
+            end_ms=round(window.end * 1000),
+            frame_times_ms=tuple(round(t * 1000) for t in window.frame_times),
+            text=text,
+        )
+
+
+@dataclass(frozen=True)
+class TrackHeader:
+    """What the json document says about the run besides its cues."""
+
+    source_path: str
+    duration: float | None
+    width: int | None
+    height: int | None
+    engine: str
+    model: str
+    fps: float | None
+    window: int | None
+    prompt: str | None
+    max_new_tokens: int
+    seed: int | None
+
+
+def format_timestamp(ms: int, decimal_marker: str = ".") -> str:
+    """``HH:MM:SS.mmm``; hours grow past two digits rather than wrap."""
+    hours, rest = divmod(ms, 3_600_000)
+    minutes, rest = divmod(rest, 60_000)
+    seconds, millis = divmod(rest, 1000)
+    return f"{hours:02d}:{minutes:02d}:{seconds:02d}{decimal_marker}{millis:03d}"
+
+
+def _cue_object(cue: Cue) -> dict:
+    return {
+        "index": cue.index,
+        "start": cue.start_ms / 1000,
+        "end": cue.end_ms / 1000,
+        "frame_times": [t / 1000 for t in cue.frame_times_ms],
+        "text": cue.text,
+    }
+
+
+def _subtitle_lines(text: str) -> list[str]:
+    """The non-blank lines of a text, stripped: a blank line would end an srt/vtt cue early."""
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+# --- formats: cues → text -------------------------------------------------------------
+
+
+class TrackFormat:
+    """Turns cues into the text of one format. ``appendable`` formats are a header followed by
+    one independent block per cue; the others are one document rebuilt from all cues."""
+
+    name: ClassVar[str]
+    appendable: ClassVar[bool] = True
+    head: ClassVar[str] = ""
+
+    def __init__(self, header: TrackHeader) -> None:
+        self.header = header
+
+    def block(self, cue: Cue) -> str:
+        raise NotImplementedError
+
+    def document(self, cues: Sequence[Cue]) -> str:
+        return self.head + "".join(self.block(cue) for cue in cues)
+
+
+class _SubtitleFormat(TrackFormat):
+    """SRT and VTT: the same cue shape, each composed by its own library."""
+
+    def block(self, cue: Cue) -> str:
+        return self._compose(cue.index, cue.start_ms, cue.end_ms, _subtitle_lines(cue.text))
+
+    def _compose(self, index: int, start_ms: int, end_ms: int, lines: list[str]) -> str:
+        raise NotImplementedError
+
+
+class SrtFormat(_SubtitleFormat):
+    name = "srt"
+
+    def _compose(self, index: int, start_ms: int, end_ms: int, lines: list[str]) -> str:
+        import srt
+
+        subtitle = srt.Subtitle(
+            index=index,
+            start=datetime.timedelta(milliseconds=start_ms),
+            end=datetime.timedelta(milliseconds=end_ms),
+            content="\n".join(lines),
+        )
+        # reindex=False: keep our cue numbers (and keep an empty caption, which reindexing drops)
+        return srt.compose([subtitle], reindex=False)
+
+
+class VttFormat(_SubtitleFormat):
+    name = "vtt"
+    head = "WEBVTT\n"
+
+    def _compose(self, index: int, start_ms: int, end_ms: int, lines: list[str]) -> str:
+        import webvtt
+
+        # model text is plain text: escape what WebVTT reads as markup (this also defuses "-->")
+        escaped = [html.escape(line, quote=False) for line in lines]
+        caption = webvtt.Caption(format_timestamp(start_ms), format_timestamp(end_ms), escaped)
+        # webvtt-py writes a whole document; a one-caption document less its header is the
+        # block, so header + blocks is byte for byte what webvtt-py writes for all captions
+        document = webvtt.WebVTT(captions=[caption]).content
+        assert document.startswith(self.head), document
+        return document[len(self.head):]
+
+
+class JsonlFormat(TrackFormat):
+    name = "jsonl"
+
+    def block(self, cue: Cue) -> str:
+        return json.dumps(_cue_object(cue), ensure_ascii=False) + "\n"
+
+
+class TxtFormat(TrackFormat):
+    name = "txt"
+
+    def block(self, cue: Cue) -> str:
+        text = " ".join(_subtitle_lines(cue.text))  # one line per cue
+        timing = f"[{format_timestamp(cue.start_ms)} --> {format_timestamp(cue.end_ms)}]"
+        return f"{timing} {text}\n" if text else f"{timing}\n"
+
+
+class JsonFormat(TrackFormat):
+    name = "json"
+    appendable = False
+
+    def document(self, cues: Sequence[Cue]) -> str:
+        h = self.header
+        doc = {
+            "version": 1,
+            "source": {"path": h.source_path, "duration": h.duration, "width": h.width, "height": h.height},
+            "engine": {"name": h.engine, "model": h.model},
+            "params": {
+                "fps": h.fps,
+                "window": h.window,
+                "prompt": h.prompt,
+                "max_new_tokens": h.max_new_tokens,
+                "seed": h.seed,
+            },
+            "cues": [_cue_object(cue) for cue in cues],
+        }
+        return json.dumps(doc, ensure_ascii=False, indent=2) + "\n"
+
+
+_FORMAT_CLASSES: dict[str, type[TrackFormat]] = {
+    cls.name: cls for cls in (SrtFormat, VttFormat, JsonFormat, JsonlFormat, TxtFormat)
+}
+FORMATS: tuple = tuple(_FORMAT_CLASSES)  # ("srt", "vtt", "json", "jsonl", "txt")
+
+
+def _is_stdout(output: str | None) -> bool:
+    return output is None or output == "-"
+
+
+def resolve_format(output: str | None, fmt: str | None) -> str:
+    """``-f`` wins; else the output's extension; stdout without ``-f`` is txt."""
+    choices = ", ".join(FORMATS)
+    if fmt is not None:
+        if fmt.lower() not in FORMATS:
+            raise UsageError(f"unknown format {fmt!r} (choose from {choices})")
+        return fmt.lower()
+    if _is_stdout(output):
+        return "txt"
+    ext = os.path.splitext(output)[1].lower().lstrip(".")
+    if ext not in FORMATS:
+        found = f"extension '.{ext}'" if ext else "no extension"
+        raise UsageError(f"{output}: cannot tell the track format from {found}; use -f ({choices})")
+    return ext
+
+
+def _is_device(path: str) -> bool:
+    """A character device or a fifo (``/dev/null``): written in place, never replaced."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)
+
+
+def check_output(output: str | None, overwrite: bool) -> None:
+    """Cheap checks before any work: the output can be created, and may be overwritten."""
+    if _is_stdout(output):
+        return
+    if os.path.isdir(output):
+        raise OutputError(f"{output}: is a directory")
+    if _is_device(output):
+        return  # nothing is replaced, so no -y needed (ffmpeg habit: -o /dev/null)
+    parent = os.path.dirname(os.path.abspath(output))
+    if not os.path.exists(parent):
+        raise OutputError(f"{output}: no such directory: {parent}")
+    if not os.path.isdir(parent):
+        raise OutputError(f"{output}: not a directory: {parent}")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise OutputError(f"{output}: directory is not writable: {parent}")
+    if os.path.lexists(output) and not overwrite:
+        raise OutputError(f"{output}: already exists (use -y to overwrite)")
+
+
+# --- sinks: text → somewhere ----------------------------------------------------------
+
+
+class _StreamSink:
+    """A text stream (stdout, a device): written in place and flushed, never rewritten."""
+
+    rewritable = False
+
+    def __init__(self, stream: IO[str], name: str, owned: bool) -> None:
+        self._stream = stream
+        self._name = name
+        self._owned = owned  # close only what we opened; never sys.stdout
+
+    def publish(self, text: str, keep_open: bool) -> None:
+        self.append(text)
+
+    def append(self, text: str) -> None:
+        try:
+            self._stream.write(text)
+            self._stream.flush()
+        except OSError as e:
+            raise OutputError(f"{self._name}: {e.strerror or e}") from e
+
+    def close(self) -> None:
+        if self._owned:
+            self._stream.close()
+
+
+class _FileSink:
+    """A regular file, replaced atomically through a temporary file beside it."""
+
+    rewritable = True
+
+    def __init__(self, path: str, overwrite: bool) -> None:
+        self.path = path
+        self._target = os.path.realpath(path)  # follow a symlink instead of replacing it
+        self._overwrite = overwrite
+        self._owned = False  # True once our file is the target: later renames replace it
+        self._file: IO[bytes] | None = None
+
+    def publish(self, text: str, keep_open: bool) -> None:
+        """Make ``text`` the whole target; keep it open for appends when asked."""
+        fd, temp = self._create_temp()
+        file = os.fdopen(fd, "wb", buffering=0)
+        try:
+            _write_all(file, text.encode("utf-8"))
+            os.fsync(file.fileno())
+            self._place(temp)
+        except BaseException as e:
+            file.close()
+            _remove_quietly(temp)
+            if isinstance(e, OSError):
+                raise OutputError(f"{self.path}: {e.strerror or e}") from e
+            raise
+        if keep_open:
+            self._file = file  # the fd now names the target's inode: appends go to the target
+        else:
+            file.close()
+
+    def append(self, text: str) -> None:
+        assert self._file is not None, "append before publish"
+        size = self._file.tell()
+        try:
+            _write_all(self._file, text.encode("utf-8"))
+            os.fsync(self._file.fileno())
+        except OSError as e:
+            self._truncate(size)  # drop a half-written block so the file stays valid
+            raise OutputError(f"{self.path}: {e.strerror or e}") from e
+
+    def close(self) -> None:
+        if self._file is not None:
+            file, self._file = self._file, None
+            file.close()
+
+    def _create_temp(self) -> tuple[int, str]:
+        folder, name = os.path.split(self._target)
+        for _ in range(16):
+            temp = os.path.join(folder, f".{name}.{secrets.token_hex(4)}.part")
+            try:
+                # 0o666 under the umask: the published file gets the usual permissions
+                return os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), temp
+            except FileExistsError:
+                continue
+            except OSError as e:
+                raise OutputError(f"{self.path}: {e.strerror or e}") from e
+        raise OutputError(f"{self.path}: cannot create a temporary file in {folder}")
+
+    def _place(self, temp: str) -> None:
+        if self._owned or self._overwrite:
+            os.replace(temp, self._target)
+        else:
+            self._place_new(temp)
+        self._owned = True
+
+    def _place_new(self, temp: str) -> None:
+        """Rename without clobbering: a hard link fails if the target appeared meanwhile."""
+        try:
+            os.link(temp, self._target)
+        except FileExistsError as e:
+            raise OutputError(f"{self.path}: already exists (use -y to overwrite)") from e
+        except OSError:
+            if os.path.lexists(self._target):  # a filesystem without hard links: check, then rename
+                raise OutputError(f"{self.path}: already exists (use -y to overwrite)") from None
+            os.replace(temp, self._target)
+            return
+        os.unlink(temp)
+
+    def _truncate(self, size: int) -> None:
+        try:
+            self._file.truncate(size)
+        except OSError:
+            pass  # the write error is the one to report
+
+
+def _write_all(file: IO[bytes], data: bytes) -> None:
+    """Unbuffered, so a failed write leaves nothing pending that a later close would flush."""
+    view = memoryview(data)
+    while view:
+        view = view[file.write(view):]
+
+
+def _remove_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+# --- the writer ---------------------------------------------------------------------
+
+
+class TrackWriter:
+    """Writes cues, in timeline order, to one track. A context manager: a clean exit closes
+    (the track is complete), an exception aborts (finished cues stay, nothing else happens)."""
+
+    def __init__(self, track_format: TrackFormat, sink: _StreamSink | _FileSink) -> None:
+        self._format = track_format
+        self._sink = sink
+        self._cues: list[Cue] = []  # kept only for formats rebuilt whole (json)
+        self._count = 0
+        self._done = False
+
+    @property
+    def cues_written(self) -> int:
+        return self._count
+
+    def write(self, cue: Cue) -> None:
+        if self._done:
+            raise ValueError("write to a closed track")
+        fmt, sink = self._format, self._sink
+        if fmt.appendable and self._count == 0:
+            sink.publish(fmt.head + fmt.block(cue), keep_open=True)
+        elif fmt.appendable:
+            sink.append(fmt.block(cue))
+        else:
+            self._cues.append(cue)
+            if sink.rewritable:
+                sink.publish(fmt.document(self._cues), keep_open=False)
+        self._count += 1
+
+    def close(self) -> None:
+        """Success: leave a complete track, an empty one if no cue came."""
+        if self._done:
+            return
+        self._done = True
+        try:
+            if self._count == 0 or not (self._format.appendable or self._sink.rewritable):
+                self._sink.publish(self._format.document(self._cues), keep_open=False)
+        finally:
+            self._sink.close()
+
+    def abort(self) -> None:
+        """Failure: keep finished cues (already valid on disk); with none, touch nothing."""
+        if self._done:
+            return
+        self._done = True
+        try:
+            if self._count and not (self._format.appendable or self._sink.rewritable):
+                self._sink.publish(self._format.document(self._cues), keep_open=False)
+        finally:
+            self._sink.close()
+
+    def __enter__(self) -> TrackWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+
+def open_track(
+    output: str | None,
+    fmt: str,
+    header: TrackHeader,
+    *,
+    overwrite: bool,
+    stream: IO[str] | None = None,
+) -> TrackWriter:
+    """A writer for ``output`` (a path; ``None`` or ``"-"`` is ``stream``, default stdout).
+
+    Nothing is created here: the file appears at the first cue, or at ``close``."""
+    if fmt not in _FORMAT_CLASSES:
+        raise UsageError(f"unknown format {fmt!r} (choose from {', '.join(FORMATS)})")
+    check_output(output, overwrite)
+    track_format = _FORMAT_CLASSES[fmt](header)
+    if _is_stdout(output):
+        sink = _StreamSink(stream if stream is not None else sys.stdout, "stdout", owned=False)
+    elif _is_device(output):
+        sink = _StreamSink(_open_device(output), output, owned=True)
+    else:
+        sink = _FileSink(output, overwrite)
+    return TrackWriter(track_format, sink)
+
+
+def _open_device(path: str) -> IO[str]:
+    try:
+        return open(path, "w", encoding="utf-8", newline="\n")
+    except OSError as e:
+        raise OutputError(f"{path}: {e.strerror or e}") from e
