@@ -1,0 +1,234 @@
+"""Image preprocessing for SmolVLM (Idefics3), pixel-identical to transformers.
+
+Follows ``Idefics3ImageProcessorPil`` (transformers 5.24, the class that
+``Idefics3Processor.from_pretrained`` builds when torchvision is absent or ``backend="pil"``):
+
+1. convert to RGB (transparency composited onto white);
+2. resize so the longest edge is ``size.longest_edge`` (2048) -- small images are upscaled too;
+3. split mode: resize up to multiples of the tile (512), cut row-major tiles, then append a
+   global image squashed to tile x tile; unsplit mode: squash the image to tile x tile;
+4. rescale by 1/255 in float64, cast to float32, then normalise in float32.
+
+Every resize is Pillow's ``Image.resize`` on 8-bit RGB, exactly as the reference does it, so
+the uint8 pixels agree bit for bit; step 4's float order then makes the floats agree too.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Sequence
+
+from ffai.errors import MediaError, ModelError
+
+if TYPE_CHECKING:  # pragma: no cover - typing only; torch and PIL load lazily
+    import torch
+    from PIL import Image
+
+PREPROCESSOR_FILE = "preprocessor_config.json"
+PROCESSOR_FILE = "processor_config.json"
+IMAGE_PROCESSOR_TYPES = ("Idefics3ImageProcessor", "Idefics3ImageProcessorPil", "Idefics3ImageProcessorFast")
+# Flags the reference can switch off but that every Idefics3 checkpoint keeps on; ffai
+# implements only the "on" path and refuses a checkpoint that asks for anything else.
+REQUIRED_FLAGS = ("do_convert_rgb", "do_resize", "do_rescale", "do_normalize", "do_pad")
+# The reference's absolute cap on the resized image (its MAX_IMAGE_SIZE).
+MAX_RESIZED_EDGE = 4096
+# Refuse absurd inputs before anything is allocated for them.
+MAX_INPUT_EDGE = 16384
+
+
+@dataclass(frozen=True)
+class ProcessorConfig:
+    """The checkpoint's image processor settings (preprocessor_config.json + processor_config.json)."""
+
+    longest_edge: int  # size.longest_edge: the first resize target
+    tile_size: int  # max_image_size.longest_edge: tile side, global image side
+    resample: int  # a PIL resampling filter number (1 = LANCZOS)
+    rescale_factor: float
+    image_mean: tuple[float, ...]
+    image_std: tuple[float, ...]
+    do_image_splitting: bool  # the checkpoint's default; callers choose per request
+    image_seq_len: int  # image tokens per tile in the prompt
+
+    @classmethod
+    def from_dir(cls, model_dir: Path) -> ProcessorConfig:
+        pre_path = Path(model_dir) / PREPROCESSOR_FILE
+        pre = _read_json(pre_path)
+        kind = _key(pre, "image_processor_type", pre_path)
+        if kind not in IMAGE_PROCESSOR_TYPES:
+            raise ModelError(f"{pre_path}: image_processor_type {kind!r} is not an Idefics3 image processor")
+        for flag in REQUIRED_FLAGS:
+            if _key(pre, flag, pre_path) is not True:
+                raise ModelError(f"{pre_path}: {flag} must be true (ffai implements only that path)")
+        proc_path = Path(model_dir) / PROCESSOR_FILE
+        proc = _read_json(proc_path)
+        cfg = cls(
+            longest_edge=_key(_key(pre, "size", pre_path), "longest_edge", pre_path),
+            tile_size=_key(_key(pre, "max_image_size", pre_path), "longest_edge", pre_path),
+            resample=_key(pre, "resample", pre_path),
+            rescale_factor=float(_key(pre, "rescale_factor", pre_path)),
+            image_mean=tuple(float(v) for v in _key(pre, "image_mean", pre_path)),
+            image_std=tuple(float(v) for v in _key(pre, "image_std", pre_path)),
+            do_image_splitting=_key(pre, "do_image_splitting", pre_path),
+            image_seq_len=_key(proc, "image_seq_len", proc_path),
+        )
+        cfg._validate(pre_path, proc_path)
+        return cfg
+
+    def _validate(self, pre_path: Path, proc_path: Path) -> None:
+        for name in ("longest_edge", "tile_size", "resample"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
+                raise ModelError(f"{pre_path}: {name} must be a non-negative integer")
+        if self.tile_size == 0 or self.longest_edge == 0:
+            raise ModelError(f"{pre_path}: size and max_image_size must be positive")
+        if self.resample > 5:
+            raise ModelError(f"{pre_path}: resample {self.resample} is not a Pillow filter")
+        if len(self.image_mean) != 3 or len(self.image_std) != 3:
+            raise ModelError(f"{pre_path}: image_mean and image_std need 3 values (RGB)")
+        if not isinstance(self.do_image_splitting, bool):
+            raise ModelError(f"{pre_path}: do_image_splitting must be true or false")
+        if not isinstance(self.image_seq_len, int) or self.image_seq_len < 1:
+            raise ModelError(f"{proc_path}: image_seq_len must be a positive integer")
+
+
+@dataclass
+class PixelBatch:
+    """The tiles of all images of one prompt, in the reference's order."""
+
+    pixel_values: torch.Tensor  # (n_tiles, 3, tile, tile) float32
+    pixel_attention_mask: torch.Tensor  # (n_tiles, tile, tile) bool
+    grids: list[tuple[int, int]]  # per image (rows, cols); (0, 0) for an unsplit image
+
+
+def preprocess_images(images: Sequence[Image.Image], cfg: ProcessorConfig, *, split: bool) -> PixelBatch:
+    """The tiles of the images of one prompt: per image its row-major tiles then its global
+    image (``split``), or the squashed image alone. Sizes are checked before any work."""
+    import torch
+
+    for image in images:
+        check_image_size(image)
+    tiles: list[torch.Tensor] = []
+    grids: list[tuple[int, int]] = []
+    for image in images:
+        frames, grid = _frames(image, cfg, split)
+        tiles.append(_normalise(frames, cfg))
+        grids.append(grid)
+    t = cfg.tile_size
+    pixel_values = torch.cat(tiles) if tiles else torch.zeros(0, 3, t, t)
+    # Every frame is exactly tile x tile (see _frames), so the reference's padding to the
+    # largest frame in the batch never pads and its mask is all ones.
+    mask = torch.ones(pixel_values.shape[0], t, t, dtype=torch.bool)
+    return PixelBatch(pixel_values=pixel_values, pixel_attention_mask=mask, grids=grids)
+
+
+def check_image_size(image: Image.Image) -> None:
+    width, height = image.size
+    if not (0 < width <= MAX_INPUT_EDGE and 0 < height <= MAX_INPUT_EDGE):
+        raise MediaError(f"image of {width}x{height} pixels: each side must be 1..{MAX_INPUT_EDGE}")
+
+
+def to_rgb(image: Image.Image) -> Image.Image:
+    """RGB as the reference converts: anything with transparency is composited onto white."""
+    from PIL import Image
+
+    if "A" in image.getbands() or image.info.get("transparency") is not None:
+        rgba = image.convert("RGBA")
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, rgba).convert("RGB")
+    return image.convert("RGB")
+
+
+def _frames(image: Image.Image, cfg: ProcessorConfig, split: bool) -> tuple[list[Image.Image], tuple[int, int]]:
+    """The uint8 RGB frames of one image, row-major tiles then the global image, and its grid."""
+    rgb = to_rgb(image)
+    rgb = _resize(rgb, longest_edge_size(rgb.height, rgb.width, cfg.longest_edge), cfg.resample)
+    t = cfg.tile_size
+    if not split:
+        return [_resize(rgb, (t, t), cfg.resample)], (0, 0)
+    rgb = _resize(rgb, tile_multiple_size(rgb.height, rgb.width, t), cfg.resample)
+    # Sides are now multiples of t, so a side <= t is exactly t: one frame, no split.
+    if rgb.height <= t and rgb.width <= t:
+        return [rgb], (0, 0)
+    rows, cols = rgb.height // t, rgb.width // t
+    tiles = [rgb.crop((c * t, r * t, (c + 1) * t, (r + 1) * t)) for r in range(rows) for c in range(cols)]
+    return [*tiles, _resize(rgb, (t, t), cfg.resample)], (rows, cols)
+
+
+def longest_edge_size(height: int, width: int, longest_edge: int) -> tuple[int, int]:
+    """(height, width) with the longest edge set to ``longest_edge`` (up or down), the other edge
+    rounded up to even, then capped at the reference's MAX_RESIZED_EDGE."""
+    aspect = width / height
+    if width >= height:
+        width = longest_edge
+        height = int(width / aspect)
+        height += height % 2
+    else:
+        height = longest_edge
+        width = int(height * aspect)
+        width += width % 2
+    height, width = max(height, 1), max(width, 1)
+    # Second pass of the reference: only ever shrinks, never rounds to even.
+    aspect = width / height
+    if width >= height and width > MAX_RESIZED_EDGE:
+        width = MAX_RESIZED_EDGE
+        height = int(width / aspect)
+    elif height > width and height > MAX_RESIZED_EDGE:
+        height = MAX_RESIZED_EDGE
+        width = int(height * aspect)
+    return max(height, 1), max(width, 1)
+
+
+def tile_multiple_size(height: int, width: int, tile: int) -> tuple[int, int]:
+    """(height, width) grown to multiples of ``tile``; the short side follows the long side's
+    aspect ratio first (the reference's resize_for_vision_encoder)."""
+    aspect = width / height
+    if width >= height:
+        width = math.ceil(width / tile) * tile
+        height = math.ceil(int(width / aspect) / tile) * tile
+    else:
+        height = math.ceil(height / tile) * tile
+        width = math.ceil(int(height * aspect) / tile) * tile
+    return height, width
+
+
+def _resize(image: Image.Image, size: tuple[int, int], resample: int) -> Image.Image:
+    height, width = size
+    return image.resize((width, height), resample=resample)
+
+
+def _normalise(frames: list[Image.Image], cfg: ProcessorConfig) -> torch.Tensor:
+    """uint8 RGB frames -> (n, 3, t, t) float32, with the reference's float order: multiply by
+    the rescale factor in float64, round to float32, then (x - mean) / std in float32."""
+    import torch
+
+    t = cfg.tile_size
+    mean = torch.tensor(cfg.image_mean, dtype=torch.float32).view(3, 1, 1)
+    std = torch.tensor(cfg.image_std, dtype=torch.float32).view(3, 1, 1)
+    out = torch.empty(len(frames), 3, t, t, dtype=torch.float32)
+    # One frame at a time keeps the float64 intermediate to a single tile.
+    for i, frame in enumerate(frames):
+        pixels = torch.frombuffer(bytearray(frame.tobytes()), dtype=torch.uint8).view(t, t, 3)
+        pixels = pixels.permute(2, 0, 1)  # (t, t, 3) -> (3, t, t)
+        x = (pixels.to(torch.float64) * cfg.rescale_factor).to(torch.float32)
+        out[i] = (x - mean) / std
+    return out
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as e:
+        raise ModelError(f"{path}: not found") from e
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ModelError(f"{path}: cannot read: {e}") from e
+    if not isinstance(data, dict):
+        raise ModelError(f"{path}: expected a JSON object")
+    return data
+
+
+def _key(data: Any, key: str, path: Path) -> Any:
+    if not isinstance(data, dict) or key not in data:
+        raise ModelError(f"{path}: missing key {key!r}")
+    return data[key]

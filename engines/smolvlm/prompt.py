@@ -1,0 +1,186 @@
+"""Prompt building for SmolVLM (Idefics3), token-identical to transformers.
+
+Follows ``Idefics3Processor`` (transformers 5.24): the checkpoint's chat template renders one
+user message holding the images then the text, each ``<image>`` placeholder is expanded into
+the tile layout of its image (``replace_image_token``), and the whole string is tokenised by
+the checkpoint's ``tokenizer.json`` with no special tokens added (the template writes
+``<|im_start|>`` itself; the tokenizer has no post-processor).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Sequence
+
+from ffai.errors import ModelError, UsageError
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from tokenizers import Tokenizer
+
+TOKENIZER_FILE = "tokenizer.json"
+GENERATION_CONFIG_FILE = "generation_config.json"
+# Where a chat template may live, in the order transformers' processor looks.
+CHAT_TEMPLATE_SOURCES = (("chat_template.json", "json"), ("chat_template.jinja", "raw"), ("tokenizer_config.json", "json"))
+
+IMAGE = "<image>"
+FAKE_AROUND_IMAGE = "<fake_token_around_image>"
+GLOBAL_IMAGE = "<global-img>"
+END_OF_UTTERANCE = "<end_of_utterance>"
+MAX_GRID = 6  # the tokenizer has <row_r_col_c> for r, c in 1..6
+
+
+def tile_tag(row: int, col: int) -> str:
+    return f"<row_{row}_col_{col}>"
+
+
+def expand_image(grid: tuple[int, int], image_seq_len: int) -> str:
+    """The text that replaces one ``<image>`` placeholder: per tile a fake token, its row/col
+    tag and ``image_seq_len`` image tokens, rows ended by a newline; then a blank line and the
+    global image wrapped in fake tokens. An unsplit image (0, 0) is the global part alone."""
+    rows, cols = grid
+    image_tokens = IMAGE * image_seq_len
+    global_part = f"{FAKE_AROUND_IMAGE}{GLOBAL_IMAGE}{image_tokens}{FAKE_AROUND_IMAGE}"
+    if rows == 0 and cols == 0:
+        return global_part
+    tile_rows = (
+        "".join(f"{FAKE_AROUND_IMAGE}{tile_tag(r, c)}{image_tokens}" for c in range(1, cols + 1)) + "\n"
+        for r in range(1, rows + 1)
+    )
+    return "".join(tile_rows) + "\n" + global_part
+
+
+class PromptBuilder:
+    """Chat template + image expansion + tokeniser of one checkpoint."""
+
+    def __init__(self, tokenizer: Tokenizer, chat_template: Any, eos_ids: tuple[int, ...], source: Path):
+        self._tokenizer = tokenizer
+        self._template = chat_template  # a compiled jinja2 template
+        self._source = source
+        self.image_token_id = _require_token(tokenizer, IMAGE, source)
+        self.end_of_utterance_id = _require_token(tokenizer, END_OF_UTTERANCE, source)
+        _require_token(tokenizer, FAKE_AROUND_IMAGE, source)
+        _require_token(tokenizer, GLOBAL_IMAGE, source)
+        for r in range(1, MAX_GRID + 1):
+            for c in range(1, MAX_GRID + 1):
+                _require_token(tokenizer, tile_tag(r, c), source)
+        self._eos_ids = eos_ids
+
+    @classmethod
+    def from_dir(cls, model_dir: Path) -> PromptBuilder:
+        model_dir = Path(model_dir)
+        tokenizer = _load_tokenizer(model_dir / TOKENIZER_FILE)
+        template = _compile_template(*_find_chat_template(model_dir))
+        eos_ids = _generation_eos_ids(model_dir / GENERATION_CONFIG_FILE)
+        return cls(tokenizer, template, eos_ids, model_dir / TOKENIZER_FILE)
+
+    def render(self, n_images: int, text: str) -> str:
+        """The chat template's text for one user turn: ``n_images`` placeholders, then ``text``."""
+        content = [{"type": "image"} for _ in range(n_images)] + [{"type": "text", "text": text}]
+        messages = [{"role": "user", "content": content}]
+        try:
+            return self._template.render(messages=messages, tools=None, documents=None, add_generation_prompt=True)
+        except Exception as e:  # a template is code from the checkpoint: any failure is the checkpoint's
+            raise ModelError(f"{self._source.parent}: chat template failed: {e}") from e
+
+    def build(self, grids: Sequence[tuple[int, int]], text: str, image_seq_len: int) -> list[int]:
+        """Token ids of the prompt for images with these grids (see preprocess) and ``text``."""
+        if IMAGE in text:
+            # The reference would take it for one more image and fail; refuse it plainly.
+            raise UsageError(f"the prompt must not contain {IMAGE}")
+        pieces = self.render(len(grids), text).split(IMAGE)
+        if len(pieces) != len(grids) + 1:
+            raise ModelError(
+                f"{self._source.parent}: chat template wrote {len(pieces) - 1} {IMAGE} placeholders for {len(grids)} images"
+            )
+        expanded = [pieces[0]]
+        for grid, piece in zip(grids, pieces[1:]):
+            expanded += [expand_image(grid, image_seq_len), piece]
+        return self._tokenizer.encode("".join(expanded), add_special_tokens=False).ids
+
+    def count_tokens(self, grids: Sequence[tuple[int, int]], text: str, image_seq_len: int) -> int:
+        # Tokenising is cheap next to the model; counting any other way could miss a merge
+        # such as "\n\n" that some tokenizers make one token.
+        return len(self.build(grids, text, image_seq_len))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of generated ids, special tokens dropped (the reference's batch_decode with
+        skip_special_tokens=True; clean_up_tokenization_spaces is false for this tokenizer)."""
+        return self._tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    def stop_ids(self) -> tuple[int, ...]:
+        """Ids that end a caption: <end_of_utterance>, then generation_config's eos ids."""
+        ids = [self.end_of_utterance_id, *self._eos_ids]
+        return tuple(dict.fromkeys(ids))
+
+
+def _load_tokenizer(path: Path) -> Tokenizer:
+    from tokenizers import Tokenizer
+
+    if not path.is_file():
+        raise ModelError(f"{path}: not found")
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as e:  # tokenizers raises a bare Exception for malformed files
+        raise ModelError(f"{path}: cannot load tokenizer: {e}") from e
+
+
+def _require_token(tokenizer: Tokenizer, token: str, source: Path) -> int:
+    token_id = tokenizer.token_to_id(token)
+    if token_id is None:
+        raise ModelError(f"{source}: missing token {token}")
+    return token_id
+
+
+def _find_chat_template(model_dir: Path) -> tuple[str, Path]:
+    for name, kind in CHAT_TEMPLATE_SOURCES:
+        path = model_dir / name
+        if not path.is_file():
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+            template = text if kind == "raw" else json.loads(text).get("chat_template")
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as e:
+            raise ModelError(f"{path}: cannot read: {e}") from e
+        if isinstance(template, str):
+            return template, path
+        if template is not None:
+            raise ModelError(f"{path}: chat_template must be one string")
+    raise ModelError(f"{model_dir}: no chat template (looked in {', '.join(n for n, _ in CHAT_TEMPLATE_SOURCES)})")
+
+
+def _compile_template(source: str, path: Path) -> Any:
+    """Compile in a sandbox configured as transformers does (trim_blocks, lstrip_blocks,
+    loop controls, a non-escaping tojson, raise_exception)."""
+    import jinja2
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str) -> None:
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None, sort_keys: bool = False) -> str:
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    try:
+        return env.from_string(source)
+    except jinja2.exceptions.TemplateError as e:
+        raise ModelError(f"{path}: chat template does not compile: {e}") from e
+
+
+def _generation_eos_ids(path: Path) -> tuple[int, ...]:
+    """eos_token_id of generation_config.json (an int or a list); none when the file is absent."""
+    if not path.is_file():
+        return ()
+    try:
+        eos = json.loads(path.read_text(encoding="utf-8")).get("eos_token_id")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as e:
+        raise ModelError(f"{path}: cannot read: {e}") from e
+    if eos is None:
+        return ()
+    ids = eos if isinstance(eos, list) else [eos]
+    if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+        raise ModelError(f"{path}: eos_token_id must be an id or a list of ids, got {eos!r}")
+    return tuple(ids)
