@@ -1,0 +1,174 @@
+"""The ``ffai`` command line: parse, validate cheaply, call one library function per command.
+
+Every FfaiError becomes one line on stderr (``ffai: error: …``) and its exit code; usage
+errors exit 2; Ctrl-C exits 130. Tracebacks only with ``-v``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+from dataclasses import asdict
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from ffai.errors import FfaiError, UsageError
+
+try:  # typer >= 0.22 carries its own copy of click
+    from typer._click import exceptions as click_errors
+except ImportError:  # pragma: no cover - older typer on top of click
+    from click import exceptions as click_errors
+
+app = typer.Typer(
+    name="ffai",
+    help="Caption and question images and video with a local vision-language model.",
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+
+stderr = Console(stderr=True, highlight=False)
+
+
+class _State:
+    verbose = False
+    quiet = False
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"ffai {version('ffai')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    verbose: bool = typer.Option(False, "-v", "--verbose", help="Show tracebacks and more detail."),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="Only errors on stderr."),
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
+) -> None:
+    _State.verbose = verbose
+    _State.quiet = quiet
+
+
+def warn(message: str) -> None:
+    if not _State.quiet:
+        stderr.print(f"ffai: warning: {message}", markup=False)
+
+
+def error(message: str) -> None:
+    stderr.print(f"ffai: error: {message}", markup=False, soft_wrap=True)
+
+
+@app.command()
+def engines(as_json: bool = typer.Option(False, "--json", help="Print a JSON array instead of a table.")) -> None:
+    """List the engines that can run, by name."""
+    from ffai import registry
+
+    infos = registry.engine_infos()
+    if as_json:
+        typer.echo(json.dumps([asdict(i) for i in infos], indent=2, ensure_ascii=False))
+        return
+    table = Table(title="ffai engines")
+    for column in ("name", "task", "status", "default model", "description"):
+        table.add_column(column)
+    for i in infos:
+        table.add_row(i.name, i.task, i.status, i.default_model, i.description)
+    Console(highlight=False).print(table)
+
+
+@app.command()
+def caption(
+    inputs: List[str] = typer.Option(..., "-i", "--input", help="Image or video (repeatable)."),
+    output: Optional[str] = typer.Option(None, "-o", "--output", help="Track file, '-' for stdout; with several inputs a pattern such as '{stem}.srt'."),
+    fmt: Optional[str] = typer.Option(None, "-f", "--format", help="srt, vtt, json, jsonl or txt (default: from -o, else txt)."),
+    fps: float = typer.Option(1.0, "--fps", help="Frames sampled per second of video."),
+    window: int = typer.Option(8, "--window", help="Consecutive samples captioned together as one cue."),
+    start: float = typer.Option(0.0, "-ss", help="Start at this many seconds."),
+    duration: Optional[float] = typer.Option(None, "-t", help="Caption this many seconds."),
+    max_frames: Optional[int] = typer.Option(None, "--max-frames", help="Stop after this many samples."),
+    engine: Optional[str] = typer.Option(None, "--engine", help="Engine name (see `ffai engines`)."),
+    model: Optional[str] = typer.Option(None, "--model", help="Model name or checkpoint folder."),
+    prompt: Optional[str] = typer.Option(None, "--prompt", help="Question to ask instead of a caption."),
+    max_new_tokens: int = typer.Option(64, "--max-new-tokens", help="Longest answer, in tokens."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Seed; required for sampling."),
+    temperature: float = typer.Option(0.0, "--temperature", help="Sampling temperature (0: greedy)."),
+    top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass."),
+    top_k: int = typer.Option(0, "--top-k", help="Sample among the k most likely tokens (0: all)."),
+    dtype: str = typer.Option("float32", "--dtype", help="float32 or bfloat16."),
+    device: str = typer.Option("auto", "--device", help="cpu, cuda or auto."),
+    overwrite: bool = typer.Option(False, "-y", help="Overwrite existing outputs."),
+    never_overwrite: bool = typer.Option(False, "-n", help="Never overwrite existing outputs (the default)."),
+    progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", help="Progress bar on stderr (default: when stderr is a terminal)."),
+    verbose: bool = typer.Option(False, "-v", "--verbose", help="Show tracebacks and more detail."),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="Only errors on stderr."),
+) -> None:
+    """Caption images and videos; write timed caption tracks."""
+    from ffai import jobs
+    from ffai.captioning import CaptionOptions
+    from ffai.engine import DecodingOptions, RuntimeOptions
+
+    _State.verbose = _State.verbose or verbose
+    _State.quiet = _State.quiet or quiet
+    if overwrite and never_overwrite:
+        raise UsageError("-y and -n contradict each other")
+    options = CaptionOptions(
+        engine=engine,
+        model=model,
+        fps=fps,
+        window=window,
+        start=start,
+        duration=duration,
+        max_frames=max_frames,
+        decoding=DecodingOptions(
+            prompt=prompt,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            seed=seed,
+        ),
+        runtime=RuntimeOptions(dtype=dtype, device=device),
+    )
+    show_progress = sys.stderr.isatty() if progress is None else progress
+    failed = jobs.run_caption_jobs(
+        inputs, output, fmt, options, overwrite=overwrite, progress=show_progress and not _State.quiet, warn=warn, error=error
+    )
+    if failed:
+        raise typer.Exit(1)
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    sys.exit(run(argv))
+
+
+def run(argv: Optional[List[str]] = None) -> int:
+    """Run the CLI and return its exit status (used by main and by tests)."""
+    try:
+        status = app(args=argv, prog_name="ffai", standalone_mode=False)
+        return status if isinstance(status, int) else 0
+    except FfaiError as e:
+        if _State.verbose:
+            traceback.print_exc()
+        error(str(e))
+        return e.exit_code
+    except typer.Exit as e:
+        return e.exit_code
+    except click_errors.NoArgsIsHelpError as e:
+        typer.echo(e.ctx.get_help())
+        return 0
+    except click_errors.UsageError as e:
+        error(" ".join(e.format_message().split()))
+        return 2
+    except (KeyboardInterrupt, typer.Abort):
+        error("interrupted")
+        return 130
+    except BrokenPipeError:
+        return 141

@@ -1,0 +1,127 @@
+"""Model manifests and where checkpoints are found on disk.
+
+Lookup order for ``--model SPEC`` (DESIGN §5): a folder path holding ``config.json`` →
+``$FFAI_HOME/models/<name>`` → the Hugging Face hub cache (``HF_HUB_CACHE``, else
+``HF_HOME/hub``, else ``~/.cache/huggingface/hub``; snapshot layout, so checkpoints that
+transformers downloaded are reused) → a clear error naming ``ffai models pull``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from ffai.errors import ModelError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+@dataclass(frozen=True)
+class ModelFile:
+    path: str
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    name: str
+    engine: str
+    hf_repo: str
+    revision: str
+    license: str
+    description: str
+    files: tuple[ModelFile, ...]
+
+    @property
+    def size(self) -> int:
+        return sum(f.size for f in self.files)
+
+    @classmethod
+    def from_toml(cls, path: Path) -> "Manifest":
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+            files = tuple(ModelFile(str(f["path"]), int(f["size"]), str(f["sha256"])) for f in data["files"])
+            return cls(
+                name=str(data["name"]),
+                engine=str(data["engine"]),
+                hf_repo=str(data["hf_repo"]),
+                revision=str(data["revision"]),
+                license=str(data["license"]),
+                description=str(data["description"]),
+                files=files,
+            )
+        except (OSError, tomllib.TOMLDecodeError, KeyError, TypeError, ValueError) as e:
+            raise ModelError(f"{path}: not a valid model manifest ({e})") from e
+
+
+def manifest_paths() -> list[Path]:
+    root = resources.files("ffai_models")
+    return sorted(Path(str(p)) for p in root.iterdir() if p.name.endswith(".toml"))
+
+
+def manifests() -> list[Manifest]:
+    return [Manifest.from_toml(p) for p in manifest_paths()]
+
+
+def find_manifest(name: str) -> Manifest | None:
+    return next((m for m in manifests() if m.name == name), None)
+
+
+def ffai_home() -> Path:
+    return Path(os.environ.get("FFAI_HOME") or Path.home() / ".cache" / "ffai").expanduser()
+
+
+def hf_hub_cache() -> Path:
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
+    return Path.home() / ".cache" / "huggingface" / "hub"
+
+
+def hf_snapshot(repo: str, revision: str) -> Path:
+    """The snapshot folder of ``repo`` at ``revision`` in the hub cache (it may not exist).
+
+    A branch name is followed through ``refs/<branch>`` to its commit, as huggingface_hub does.
+    """
+    repo_dir = hf_hub_cache() / ("models--" + repo.replace("/", "--"))
+    ref = repo_dir / "refs" / revision
+    commit = ref.read_text().strip() if ref.is_file() else revision
+    return repo_dir / "snapshots" / commit
+
+
+def _looks_like_path(spec: str) -> bool:
+    return os.sep in spec or spec.startswith((".", "~")) or Path(spec).exists()
+
+
+def _checkpoint_dir(path: Path) -> Path:
+    if not path.is_dir():
+        raise ModelError(f"{path}: not a folder (a model is a folder holding config.json)")
+    if not (path / "config.json").is_file():
+        raise ModelError(f"{path}: no config.json in this folder")
+    return path
+
+
+def resolve(spec: str) -> Path:
+    """The checkpoint folder for a model name or path, following the lookup order above."""
+    if _looks_like_path(spec):
+        return _checkpoint_dir(Path(spec).expanduser())
+    candidates = [ffai_home() / "models" / spec]
+    manifest = find_manifest(spec)
+    if manifest is not None:
+        candidates.append(hf_snapshot(manifest.hf_repo, manifest.revision))
+    for folder in candidates:
+        if (folder / "config.json").is_file():
+            return folder
+    if manifest is None:
+        known = ", ".join(m.name for m in manifests()) or "none"
+        raise ModelError(f"no model named {spec!r} (known: {known}); pass --model PATH to a checkpoint folder")
+    looked = ", ".join(str(c) for c in candidates)
+    raise ModelError(f"model {spec!r} is not on this machine (looked in {looked}); run `ffai models pull {spec}` or pass --model PATH")

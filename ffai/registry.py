@@ -1,0 +1,45 @@
+"""Engines by name, discovered from the entry-point group ``ffai.engines``.
+
+Listing engines loads each plugin object (light: it must not import torch at import time)
+but never a model.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from importlib.metadata import EntryPoint, entry_points
+
+from ffai.engine import Engine, EngineInfo
+from ffai.errors import FfaiError, UsageError
+
+GROUP = "ffai.engines"
+DEFAULT_ENGINE = "smolvlm"
+
+
+@lru_cache(maxsize=1)
+def _entry_points() -> dict[str, EntryPoint]:
+    return {ep.name: ep for ep in entry_points(group=GROUP)}
+
+
+def names() -> list[str]:
+    return sorted(_entry_points())
+
+
+def get_engine(name: str | None = None) -> Engine:
+    """The engine registered as ``name`` (the default engine when None)."""
+    name = name or DEFAULT_ENGINE
+    found = _entry_points().get(name)
+    if found is None:
+        available = ", ".join(names()) or "none installed"
+        raise UsageError(f"no engine named {name!r} (available: {available})")
+    try:
+        engine = found.load()
+    except Exception as e:  # a broken plugin must not take the CLI down with a traceback
+        raise FfaiError(f"engine {name!r} failed to load from {found.value}: {e}") from e
+    if not isinstance(getattr(engine, "info", None), EngineInfo):
+        raise FfaiError(f"engine {name!r} ({found.value}) does not expose an EngineInfo as .info")
+    return engine
+
+
+def engine_infos() -> list[EngineInfo]:
+    return [get_engine(name).info for name in names()]

@@ -1,0 +1,127 @@
+"""The CLI surface that needs no model: help, engines, flag validation, exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ffai.cli import run
+
+
+def ffai(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run the real ``ffai`` entry point in a subprocess (as a user's shell would)."""
+    full_env = {**os.environ, "COLUMNS": "200", **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "ffai", *args], capture_output=True, text=True, env=full_env, timeout=timeout
+    )
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess, code: int, fragment: str) -> None:
+    assert proc.returncode == code, (proc.returncode, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("ffai: error:"), proc.stderr
+    assert fragment in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_help_and_engines_do_not_import_torch():
+    code = (
+        "import sys, io, contextlib\n"
+        "from ffai.cli import run\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    assert run(['--help']) == 0\n"
+        "    assert run(['engines']) == 0\n"
+        "    assert run(['engines', '--json']) == 0\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_help_answers_fast():
+    start = time.perf_counter()
+    proc = ffai("--help")
+    elapsed = time.perf_counter() - start
+    assert proc.returncode == 0
+    assert "caption" in proc.stdout and "engines" in proc.stdout
+    # A whole interpreter start included; the budget is generous for a loaded CI machine.
+    assert elapsed < 3.0, elapsed
+
+
+def test_engines_table_lists_smolvlm():
+    proc = ffai("engines")
+    assert proc.returncode == 0, proc.stderr
+    for word in ("smolvlm", "vlm", "smolvlm-256m-instruct"):
+        assert word in proc.stdout
+
+
+def test_engines_json():
+    proc = ffai("engines", "--json")
+    assert proc.returncode == 0
+    engines = json.loads(proc.stdout)
+    smol = next(e for e in engines if e["name"] == "smolvlm")
+    assert smol["task"] == "vlm"
+    assert smol["status"] in ("experimental", "stable")
+    assert smol["default_model"] == "smolvlm-256m-instruct"
+    assert set(smol) == {"name", "task", "status", "description", "default_model"}
+
+
+def test_version():
+    proc = ffai("--version")
+    assert proc.returncode == 0 and proc.stdout.startswith("ffai ")
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["--fps", "0"], "--fps"),
+        (["--fps", "-1"], "--fps"),
+        (["--window", "0"], "--window"),
+        (["-ss", "-1"], "-ss"),
+        (["-t", "-2"], "-t"),
+        (["-t", "0"], "-t"),
+        (["--max-frames", "0"], "--max-frames"),
+        (["--temperature", "0.7"], "--seed"),
+        (["--top-k", "5", "--temperature", "0.5"], "--seed"),
+        (["--max-new-tokens", "0"], "--max-new-tokens"),
+        (["--dtype", "float64"], "--dtype"),
+        (["-y", "-n"], "-y"),
+        (["--engine", "nope"], "no engine named 'nope' (available: smolvlm"),
+        (["--fps", "abc"], "--fps"),
+        (["--bogus"], "--bogus"),
+    ],
+)
+def test_usage_errors_exit_2_with_one_line(args, fragment, tmp_path, capsys):
+    image = tmp_path / "a.png"
+    from PIL import Image
+
+    Image.new("RGB", (8, 8)).save(image)
+    code = run(["caption", "-i", str(image), *args])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ffai: error:"), err
+    assert fragment in lines[0], err
+
+
+def test_missing_input_flag_is_usage_error():
+    proc = ffai("caption")
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("ffai: error:")
+
+
+def test_unknown_model_names_pull(tmp_path):
+    image = tmp_path / "a.png"
+    from PIL import Image
+
+    Image.new("RGB", (8, 8)).save(image)
+    env = {"FFAI_HOME": str(tmp_path / "home"), "HF_HUB_CACHE": str(tmp_path / "hub")}
+    proc = ffai("caption", "-i", str(image), env=env)
+    assert_one_line_error(proc, 1, "ffai models pull smolvlm-256m-instruct")
+    proc = ffai("caption", "-i", str(image), "--model", str(tmp_path), env=env)
+    assert_one_line_error(proc, 1, "no config.json")
