@@ -23,6 +23,8 @@ Timestamps are integers of milliseconds from :meth:`Cue.from_window` on, rounded
 
 from __future__ import annotations
 
+import abc
+
 import datetime
 import html
 import json
@@ -103,7 +105,7 @@ def _subtitle_lines(text: str) -> list[str]:
 # --- formats: cues → text -------------------------------------------------------------
 
 
-class TrackFormat:
+class TrackFormat(abc.ABC):
     """Turns cues into the text of one format. ``appendable`` formats are a header followed by
     one independent block per cue; the others are one document rebuilt from all cues."""
 
@@ -114,8 +116,9 @@ class TrackFormat:
     def __init__(self, header: TrackHeader) -> None:
         self.header = header
 
+    @abc.abstractmethod
     def block(self, cue: Cue) -> str:
-        raise NotImplementedError
+        """The text one cue adds to the track."""
 
     def document(self, cues: Sequence[Cue]) -> str:
         return self.head + "".join(self.block(cue) for cue in cues)
@@ -127,8 +130,9 @@ class _SubtitleFormat(TrackFormat):
     def block(self, cue: Cue) -> str:
         return self._compose(cue.index, cue.start_ms, cue.end_ms, _subtitle_lines(cue.text))
 
+    @abc.abstractmethod
     def _compose(self, index: int, start_ms: int, end_ms: int, lines: list[str]) -> str:
-        raise NotImplementedError
+        """One cue in this format's own syntax."""
 
 
 class SrtFormat(_SubtitleFormat):
@@ -176,6 +180,8 @@ class TxtFormat(TrackFormat):
 
     def block(self, cue: Cue) -> str:
         text = " ".join(_subtitle_lines(cue.text))  # one line per cue
+        if self.header.fps is None:  # a still has no timeline: its caption alone, like an answer
+            return text + "\n"
         timing = f"[{format_timestamp(cue.start_ms)} --> {format_timestamp(cue.end_ms)}]"
         return f"{timing} {text}\n" if text else f"{timing}\n"
 
@@ -183,6 +189,10 @@ class TxtFormat(TrackFormat):
 class JsonFormat(TrackFormat):
     name = "json"
     appendable = False
+
+    def block(self, cue: Cue) -> str:
+        # never appended: the whole document is rewritten per cue; a cue alone is its object
+        return json.dumps(_cue_object(cue), ensure_ascii=False)
 
     def document(self, cues: Sequence[Cue]) -> str:
         h = self.header

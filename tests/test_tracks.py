@@ -441,3 +441,14 @@ def test_open_track_checks_the_output_first(tmp_path):
         open_track(str(tmp_path / "old.srt"), "srt", HEADER, overwrite=False)
     with pytest.raises(UsageError):
         open_track(str(tmp_path / "a.srt"), "ass", HEADER, overwrite=False)
+
+
+def test_txt_of_a_still_is_the_caption_alone(tmp_path):
+    still = TrackHeader(
+        source_path="a.png", duration=None, width=4, height=3, engine="e", model="m",
+        fps=None, window=None, prompt=None, max_new_tokens=8, seed=None,
+    )
+    out = tmp_path / "a.txt"
+    with open_track(str(out), "txt", still, overwrite=False) as writer:
+        writer.write(Cue(index=1, start_ms=0, end_ms=0, frame_times_ms=(0,), text="a red\ncircle"))
+    assert out.read_text(encoding="utf-8") == "a red circle\n"
