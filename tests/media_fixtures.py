@@ -1,0 +1,83 @@
+"""Shared helpers for tests that need media: the clip writers of scripts/make_sample_media.py,
+plus an independent reading of a clip's timestamps and the sampling rule applied to them.
+
+    from media_fixtures import make_clip, read_frame_index
+    clip = make_clip(tmp_path / "clip.mp4", seconds=12, fps=25)  # 64x48, about 0.2 s to write
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import av
+
+_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "make_sample_media.py"
+
+
+def _load_script():
+    # scripts/ is not a package: load the file once under a fixed module name.
+    name = "make_sample_media"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, _SCRIPT)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+_media = _load_script()
+CORNERS = _media.CORNERS
+draw_frame = _media.draw_frame
+read_frame_index = _media.read_frame_index
+video_encoder = _media.video_encoder
+encoder_available = _media.encoder_available
+make_clip = _media.make_clip
+make_vfr_clip = _media.make_vfr_clip
+vfr_times_ms = _media.vfr_times_ms
+make_odd_size_clip = _media.make_odd_size_clip
+make_rotated_clip = _media.make_rotated_clip
+make_10bit_clip = _media.make_10bit_clip
+make_zero_frame_clip = _media.make_zero_frame_clip
+make_audio_only = _media.make_audio_only
+make_truncated_mp4 = _media.make_truncated_mp4
+truncate = _media.truncate
+make_all = _media.make_all
+
+
+def decoded_times(path: str | Path) -> list[float]:
+    """Every frame's presentation time in seconds from the stream's start_time, decoded here
+    with PyAV directly (the reference the sampler is checked against)."""
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        origin = stream.start_time or 0
+        return [float((frame.pts - origin) * stream.time_base) for frame in container.decode(stream)]
+
+
+def expected_sample_times(
+    times: Sequence[float],
+    fps: float,
+    start: float = 0.0,
+    duration: float | None = None,
+    max_frames: int | None = None,
+    eps: float = 1e-6,
+) -> list[float]:
+    """The sampling rule spelled out literally: for each deadline start + n / fps, the first
+    frame at or after it (within [start, start + duration)); a frame picked for several
+    deadlines counts once."""
+    end = math.inf if duration is None else start + duration
+    candidates = sorted(t for t in times if start - eps <= t < end - eps)
+    picks: list[float] = []
+    n = 0
+    while max_frames is None or len(picks) < max_frames:
+        deadline = start + n / fps
+        pick = next((t for t in candidates if t >= deadline - eps), None)
+        if pick is None:
+            break
+        if not picks or pick != picks[-1]:
+            picks.append(pick)
+        n += 1
+    return picks

@@ -1,0 +1,450 @@
+"""ffai.media: probing, image loading and timestamp sampling, against clips written by
+scripts/make_sample_media.py and timestamps read back independently with PyAV."""
+
+from __future__ import annotations
+
+import logging
+import struct
+import zlib
+from pathlib import Path
+
+import av
+import numpy as np
+import pytest
+from PIL import Image
+
+from ffai import media
+from ffai.errors import MediaError, UsageError
+from media_fixtures import (
+    CORNERS,
+    decoded_times,
+    encoder_available,
+    expected_sample_times,
+    make_10bit_clip,
+    make_audio_only,
+    make_clip,
+    make_odd_size_clip,
+    make_rotated_clip,
+    make_truncated_mp4,
+    make_vfr_clip,
+    make_zero_frame_clip,
+    read_frame_index,
+    vfr_times_ms,
+)
+
+CFR_FPS = 25
+
+
+@pytest.fixture(scope="module")
+def clips(tmp_path_factory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("media")
+    return {
+        "cfr": make_clip(d / "cfr.mp4", 4.0, CFR_FPS),
+        "vfr": make_vfr_clip(d / "vfr.mp4"),
+        "ts": make_clip(d / "cfr.ts", 4.0, CFR_FPS),
+    }
+
+
+def times_of(frames) -> list[float]:
+    return [f.time for f in frames]
+
+
+def count_decoded(monkeypatch) -> list[int]:
+    """Counts every frame the sampler pulls from the decoder (one cell, incremented)."""
+    counter = [0]
+    decode = media._decode
+
+    def counting(*args, **kwargs):
+        for item in decode(*args, **kwargs):
+            counter[0] += 1
+            yield item
+
+    monkeypatch.setattr(media, "_decode", counting)
+    return counter
+
+
+# ---------------------------------------------------------------------------- sampling
+
+
+@pytest.mark.parametrize(
+    "fps, start, duration, max_frames",
+    [
+        (2, 0.0, None, None),
+        (25, 0.0, None, None),  # the source rate: every frame once
+        (60, 0.0, None, None),  # above the source rate: still every frame once, no duplicates
+        (3, 1.3, 1.0, None),
+        (1, 1.97, None, None),  # just after a keyframe's decode time, before its display time
+        (7, 0.5, None, 5),
+        (0.4, 0.0, 3.5, None),
+    ],
+)
+def test_cfr_sampling_follows_decoder_timestamps(clips, fps, start, duration, max_frames):
+    times = decoded_times(clips["cfr"])
+    assert len(times) == 100
+    frames = list(media.sample_frames(clips["cfr"], fps, start, duration, max_frames))
+    assert times_of(frames) == expected_sample_times(times, fps, start, duration, max_frames)
+    for frame in frames:
+        # The picture is the one stamped with that time, not a neighbour.
+        assert read_frame_index(frame.image) == round(frame.time * CFR_FPS)
+        assert frame.image.mode == "RGB" and frame.image.size == (64, 48)
+
+
+@pytest.mark.parametrize("fps", [1, 3, 10, 50])
+def test_vfr_sampling_follows_decoder_timestamps(clips, fps):
+    source_ms = vfr_times_ms()
+    times = decoded_times(clips["vfr"])
+    assert times == pytest.approx([ms / 1000 for ms in source_ms])
+    frames = list(media.sample_frames(clips["vfr"], fps))
+    got = times_of(frames)
+    assert got == expected_sample_times(times, fps)
+    assert got == sorted(set(got))  # strictly increasing: no frame twice
+    for frame in frames:
+        assert read_frame_index(frame.image) == source_ms.index(round(frame.time * 1000))
+
+
+def test_vfr_holds_use_up_deadlines(clips):
+    # Worked by hand at 10 fps: 0.33 serves deadlines 0.2 and 0.3, 0.645 serves 0.4-0.6,
+    # 1.325 serves 0.9-1.3, 2.185 serves 1.8-2.1; frames inside a burst (0.04, 0.05) are dropped.
+    got = times_of(media.sample_frames(clips["vfr"], 10))
+    assert got == [0.0, 0.13, 0.33, 0.645, 0.725, 0.825, 1.325, 1.635, 1.785, 2.185, 2.245]
+
+
+# MPEG-TS seeks land after the target almost always: the sampler must step back and still
+# start exactly.
+@pytest.mark.parametrize("container", ["cfr", "ts"])
+@pytest.mark.parametrize("start", [0.04, 0.05, 1.0, 1.3, 1.97, 2.29, 2.5, 3.96, 3.97, 4.5])
+def test_start_is_exact(clips, container, start):
+    times = decoded_times(clips[container])
+    frames = list(media.sample_frames(clips[container], 100, start=start, max_frames=2))
+    after = [t for t in times if t >= start - 1e-6]
+    assert times_of(frames) == after[:2]
+    assert [read_frame_index(f.image) for f in frames] == [round(t * CFR_FPS) for t in after[:2]]
+
+
+@pytest.mark.skipif(not encoder_available("libx264"), reason="needs libx264 for B-frames")
+def test_avi_with_b_frames_comes_out_in_display_order(tmp_path):
+    # AVI stores no pts: with B-frames the decoder's pts arrive shuffled (1, 3, 4, 2, ...) and
+    # the best-effort guess falls back on the dts, as ffmpeg does.
+    clip = make_clip(tmp_path / "b.avi", 4.0, CFR_FPS, codec="libx264")
+    with av.open(str(clip)) as container:
+        raw = [frame.pts for frame in container.decode(video=0)]
+    assert raw != sorted(raw)
+    frames = list(media.sample_frames(clip, CFR_FPS))
+    indices = [read_frame_index(f.image) for f in frames]
+    assert indices == sorted(set(indices)) and len(indices) >= 95
+    assert times_of(frames) == sorted(set(times_of(frames)))
+    # Seeks in AVI can land a frame late; a later start still picks the same frame as a full run.
+    for start in [0.02, 0.5, 1.0, 1.3, 2.29, 3.5]:
+        first = next(media.sample_frames(clip, 100, start=start))
+        full = next(f for f in frames if f.time >= start - 1e-6)
+        assert (first.time, read_frame_index(first.image)) == (full.time, read_frame_index(full.image))
+
+
+def test_start_seeks_instead_of_decoding_from_zero(clips, monkeypatch):
+    decoded = count_decoded(monkeypatch)
+    frames = list(media.sample_frames(clips["cfr"], 5, start=3.0))
+    assert frames[0].time == pytest.approx(3.0)
+    # Keyframes every second: the seek lands at 3.0 s, so about 25 frames, not 100.
+    assert decoded[0] <= 40
+
+
+def test_duration_bounds_the_segment(clips):
+    frames = list(media.sample_frames(clips["cfr"], CFR_FPS, start=1.0, duration=1.0))
+    assert times_of(frames) == pytest.approx([1.0 + i / CFR_FPS for i in range(25)])
+
+
+def test_max_frames(clips):
+    assert len(list(media.sample_frames(clips["cfr"], 5, max_frames=3))) == 3
+    assert list(media.sample_frames(clips["cfr"], 5, max_frames=0)) == []
+
+
+def test_times_start_at_zero_when_the_stream_does_not(clips):
+    with av.open(str(clips["ts"])) as container:
+        assert container.streams.video[0].start_time > 0  # MPEG-TS offsets its timestamps
+    frames = list(media.sample_frames(clips["ts"], CFR_FPS))
+    assert frames[0].time == 0.0
+    assert times_of(frames) == pytest.approx([i / CFR_FPS for i in range(100)])
+
+
+def test_sampling_is_lazy(tmp_path, monkeypatch):
+    clip = make_clip(tmp_path / "long.mp4", 20.0, CFR_FPS)
+    decoded = count_decoded(monkeypatch)
+    frames = media.sample_frames(clip, 1)
+    assert decoded[0] == 0  # nothing opened or decoded before the first next()
+    first, second = next(frames), next(frames)
+    assert (first.time, second.time) == (0.0, 1.0)
+    frames.close()
+    # The second sample needs frame 25; decoder delay adds a few more, never the other 475.
+    assert 26 <= decoded[0] <= 40
+
+
+def test_bad_sampling_arguments_are_refused_up_front(clips):
+    for kwargs in [{"fps": 0}, {"fps": float("nan")}, {"fps": 1, "start": -1}, {"fps": 1, "duration": 0}]:
+        with pytest.raises(UsageError):
+            media.sample_frames(clips["cfr"], **kwargs)
+
+
+# ---------------------------------------------------------------------------- special videos
+
+
+def corner(image: Image.Image, where: str) -> tuple[int, ...]:
+    """The pixel 3 px inside one corner (the corner cells are 8x8 at 64x48)."""
+    x = 3 if "left" in where else image.width - 4
+    y = 3 if "top" in where else image.height - 4
+    return image.getpixel((x, y))
+
+
+def assert_colour(pixel, expected, tolerance=48):
+    assert max(abs(int(a) - int(b)) for a, b in zip(pixel, expected)) <= tolerance, (pixel, expected)
+
+
+def test_odd_size_is_preserved(tmp_path):
+    clip = make_odd_size_clip(tmp_path / "odd.mp4")
+    info = media.probe(clip)
+    assert (info.kind, info.width, info.height) == ("video", 641, 359)
+    frames = list(media.sample_frames(clip, 5))
+    assert [f.image.size for f in frames] == [(641, 359)] * 5
+    assert [read_frame_index(f.image) for f in frames] == [0, 2, 4, 6, 8]
+
+
+@pytest.mark.parametrize(
+    "rotation, moved",
+    [
+        # counter-clockwise quarter turn: top-left goes to bottom-left, top-right to top-left
+        (90, {"bottom_left": "top_left", "top_left": "top_right", "bottom_right": "bottom_left"}),
+        # clockwise quarter turn (the usual phone portrait matrix)
+        (-90, {"top_right": "top_left", "bottom_right": "top_right", "top_left": "bottom_left"}),
+        (180, {"bottom_right": "top_left", "bottom_left": "top_right", "top_right": "bottom_left"}),
+    ],
+)
+def test_rotation_is_applied(tmp_path, rotation, moved):
+    clip = make_rotated_clip(tmp_path / "rotated.mp4", rotation)
+    info = media.probe(clip)
+    expected_size = (64, 48) if rotation == 180 else (48, 64)
+    assert (info.width, info.height) == expected_size
+    frames = list(media.sample_frames(clip, 10))
+    assert len(frames) == 10
+    undo = {90: Image.Transpose.ROTATE_270, -90: Image.Transpose.ROTATE_90, 180: Image.Transpose.ROTATE_180}
+    for frame in frames:
+        assert frame.image.size == expected_size
+        for now, was in moved.items():
+            assert_colour(corner(frame.image, now), CORNERS[was])
+        assert read_frame_index(frame.image.transpose(undo[rotation])) == round(frame.time * 10)
+
+
+def test_10bit_decodes_to_rgb8(tmp_path):
+    clip = make_10bit_clip(tmp_path / "10bit.mp4")
+    with av.open(str(clip)) as container:
+        assert container.streams.video[0].codec_context.format.name == "yuv420p10le"
+    frames = list(media.sample_frames(clip, 10))
+    assert len(frames) == 10
+    for i, frame in enumerate(frames):
+        pixels = np.asarray(frame.image)
+        assert pixels.dtype == np.uint8 and pixels.shape == (48, 64, 3)
+        assert read_frame_index(frame.image) == i
+        assert_colour(corner(frame.image, "top_left"), CORNERS["top_left"])
+        shade = 64 + (i * 7) % 128  # the background grey of frame i (draw_frame)
+        assert_colour(frame.image.getpixel((36, 3)), (shade, shade, shade), tolerance=8)
+
+
+def test_zero_frame_video_yields_nothing(tmp_path):
+    clip = make_zero_frame_clip(tmp_path / "empty.mkv")
+    info = media.probe(clip)
+    assert (info.kind, info.width, info.height) == ("video", 64, 48)
+    assert list(media.sample_frames(clip, 1)) == []
+
+
+def test_cut_off_file_stops_at_the_cut(tmp_path, caplog):
+    clip = make_truncated_mp4(tmp_path / "cut.mp4", faststart=True)
+    with caplog.at_level(logging.WARNING, logger="ffai.media"):
+        frames = list(media.sample_frames(clip, CFR_FPS))
+    got = times_of(frames)
+    assert 10 < len(got) < 200 and got == sorted(set(got))
+    assert all(read_frame_index(f.image) == round(f.time * CFR_FPS) for f in frames)
+    assert "failed to decode" in caplog.text
+
+
+# ---------------------------------------------------------------------------- errors
+
+
+def png_header(width: int, height: int) -> bytes:
+    """A PNG with the given header size and no pixel data."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    chunks = chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b"")
+    return b"\x89PNG\r\n\x1a\n" + chunks
+
+
+def _write(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+BAD_INPUTS = {
+    "missing": lambda d: d / "missing.mp4",
+    "directory": lambda d: d,
+    "empty": lambda d: _write(d / "empty.mp4", b""),
+    "text named .mp4": lambda d: _write(d / "notes.mp4", b"not a video, just words\n" * 40),
+    "audio only": lambda d: make_audio_only(d / "audio.mp4"),
+    "truncated mp4": lambda d: make_truncated_mp4(d / "cut.mp4"),
+    "zero-size image": lambda d: _write(d / "zero.png", png_header(0, 10)),
+    "too wide image": lambda d: _write(d / "wide.png", png_header(20000, 10)),
+    "decompression bomb": lambda d: _write(d / "bomb.png", png_header(20000, 20000)),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_INPUTS))
+def test_bad_inputs_raise_media_error_naming_the_path(tmp_path, name):
+    path = BAD_INPUTS[name](tmp_path)
+    with pytest.raises(MediaError) as probed:
+        media.probe(path)
+    assert str(path) in str(probed.value) and "\n" not in str(probed.value)
+    with pytest.raises(MediaError) as sampled:
+        list(media.sample_frames(path, 1))
+    assert str(path) in str(sampled.value)
+
+
+def test_undecodable_payload(tmp_path, caplog):
+    clip = make_clip(tmp_path / "garbage.mp4", 1.0, CFR_FPS)
+    data = bytearray(clip.read_bytes())
+    # Keep the index (moov, at the end) and scramble every sample in mdat.
+    first, last = data.index(b"mdat") + 4, data.index(b"moov") - 4
+    data[first:last] = np.random.default_rng(0).integers(0, 256, last - first, np.uint8).tobytes()
+    clip.write_bytes(bytes(data))
+    with pytest.raises(MediaError, match="none of the 25 video frames could be decoded"):
+        media.probe(clip)
+    with caplog.at_level(logging.WARNING, logger="ffai.media"):
+        assert list(media.sample_frames(clip, 1)) == []
+    assert "skipped 25 video packet(s)" in caplog.text
+
+
+def test_audio_only_says_so(tmp_path):
+    with pytest.raises(MediaError, match="no video stream"):
+        media.probe(make_audio_only(tmp_path / "audio.mp4"))
+
+
+def test_load_image_refuses_video(clips):
+    with pytest.raises(MediaError, match="not an image"):
+        media.load_image(clips["cfr"])
+
+
+def test_truncated_image_is_a_media_error(tmp_path):
+    whole = tmp_path / "whole.jpg"
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (64, 64, 3), np.uint8)).save(whole)
+    cut = _write(tmp_path / "cut.jpg", whole.read_bytes()[:600])
+    with pytest.raises(MediaError, match="cut.jpg"):
+        media.load_image(cut)
+
+
+# ---------------------------------------------------------------------------- images
+
+
+def save(image: Image.Image, path: Path, **kwargs) -> Path:
+    image.save(path, **kwargs)
+    return path
+
+
+def test_kind_comes_from_content_not_extension(tmp_path, clips):
+    png_named_mp4 = save(Image.new("RGB", (30, 20), (1, 2, 3)), tmp_path / "picture.mp4", format="PNG")
+    mp4_named_png = _write(tmp_path / "movie.png", clips["cfr"].read_bytes())
+    assert media.probe(png_named_mp4) == media.MediaInfo(png_named_mp4, "image", 30, 20, None)
+    assert media.probe(mp4_named_png).kind == "video"
+    assert media.load_image(png_named_mp4).getpixel((0, 0)) == (1, 2, 3)
+
+
+@pytest.mark.parametrize(
+    "mode, value, fmt, expected",
+    [
+        ("RGBA", (10, 20, 30, 0), "PNG", (10, 20, 30)),  # alpha dropped, not composited
+        ("LA", (90, 0), "PNG", (90, 90, 90)),
+        ("L", 77, "PNG", (77, 77, 77)),
+        ("1", 1, "PNG", (255, 255, 255)),
+        ("CMYK", (0, 255, 255, 0), "TIFF", (255, 0, 0)),
+        ("I;16", 65535, "PNG", (255, 255, 255)),
+        ("I;16", 32896, "TIFF", (128, 128, 128)),
+        ("I", 32896, "TIFF", (128, 128, 128)),  # 16-bit samples in Pillow's 32-bit mode
+        ("F", 0.5, "TIFF", (128, 128, 128)),  # unit floats
+    ],
+)
+def test_image_modes_become_rgb8(tmp_path, mode, value, fmt, expected):
+    path = save(Image.new(mode, (24, 16), value), tmp_path / f"image.{fmt.lower()}", format=fmt)
+    image = media.load_image(path)
+    assert (image.mode, image.size) == ("RGB", (24, 16))
+    assert np.asarray(image).dtype == np.uint8
+    assert image.getpixel((5, 5)) == expected
+
+
+def test_palette_image(tmp_path):
+    image = Image.new("P", (8, 8), 1)
+    image.putpalette([0, 0, 0, 200, 100, 50] + [0] * 762)
+    loaded = media.load_image(save(image, tmp_path / "p.png"))
+    assert (loaded.mode, loaded.getpixel((0, 0))) == ("RGB", (200, 100, 50))
+
+
+def test_16bit_ramp_is_scaled_not_clipped(tmp_path):
+    ramp = np.linspace(0, 65535, 64, dtype=np.float64).round().astype(np.uint16)[None, :].repeat(4, 0)
+    image = media.load_image(save(Image.fromarray(ramp), tmp_path / "ramp.png"))
+    row = np.asarray(image)[0, :, 0]
+    assert row[0] == 0 and row[-1] == 255
+    assert np.all(np.diff(row.astype(int)) >= 0)  # monotonic: no wrap-around or clipping
+    assert abs(int(row[32]) - round(ramp[0, 32] / 257)) <= 1
+
+
+def test_float_outside_unit_range_is_stretched(tmp_path):
+    values = np.array([[-2.0, 0.0, 2.0]], np.float32)
+    image = media.load_image(save(Image.fromarray(values, "F"), tmp_path / "f.tiff"))
+    assert [p[0] for p in (image.getpixel((x, 0)) for x in range(3))] == [0, 128, 255]
+
+
+def test_exif_orientation_is_applied(tmp_path):
+    pixels = np.full((20, 40, 3), 128, np.uint8)
+    pixels[:6, :6] = (255, 0, 0)  # red in the stored top-left
+    exif = Image.Exif()
+    exif[0x0112] = 6  # display = stored rotated 90 degrees clockwise
+    path = save(Image.fromarray(pixels), tmp_path / "phone.jpg", exif=exif, quality=95)
+    info = media.probe(path)
+    assert (info.kind, info.width, info.height, info.duration) == ("image", 20, 40, None)
+    image = media.load_image(path)
+    assert image.size == (20, 40)
+    assert_colour(image.getpixel((image.width - 3, 2)), (255, 0, 0))  # now top-right
+
+
+def test_animated_gif_is_its_first_frame(tmp_path):
+    frames = [Image.new("RGB", (16, 12), c) for c in [(255, 0, 0), (0, 0, 255)]]
+    path = tmp_path / "anim.gif"
+    frames[0].save(path, save_all=True, append_images=frames[1:], duration=100)
+    assert media.probe(path).kind == "image"
+    assert_colour(media.load_image(path).getpixel((0, 0)), (255, 0, 0), tolerance=8)
+
+
+def test_an_image_samples_as_one_frame_at_zero(tmp_path):
+    path = save(Image.new("RGB", (30, 20), (9, 8, 7)), tmp_path / "still.png")
+    frames = list(media.sample_frames(path, 2))
+    assert [(f.time, f.image.size) for f in frames] == [(0.0, (30, 20))]
+    assert list(media.sample_frames(path, 2, start=5.0)) == []
+
+
+def test_sample_media_cli_writes_every_sample(tmp_path):
+    from make_sample_media import main
+
+    assert main([str(tmp_path)]) == 0
+    kinds = {}
+    for path in sorted(tmp_path.iterdir()):
+        try:
+            kinds[path.stem] = media.probe(path).kind
+        except MediaError:
+            kinds[path.stem] = "error"
+    assert kinds == {
+        "10bit": "video",  # .mp4 (h264 High 10) or .mkv (FFV1) depending on the build
+        "audio_only": "error",
+        "cfr_25fps": "video",
+        "odd_641x359": "video",
+        "rotated_90": "video",
+        "truncated": "error",
+        "truncated_faststart": "video",
+        "vfr": "video",
+        "zero_frames": "video",
+    }
