@@ -1,0 +1,198 @@
+"""``ffai caption`` end to end on a tiny real checkpoint: tracks, streaming, several inputs,
+and every kind of bad input (one line on stderr, non-zero exit, no file created or changed)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import srt
+from PIL import Image
+
+from ffai.cli import run
+from media_fixtures import make_audio_only, make_clip, make_truncated_mp4, make_zero_frame_clip
+
+
+@pytest.fixture(scope="module")
+def clip(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("media") / "clip.mp4"
+    make_clip(path, 6, fps=25, size=(96, 64))
+    return path
+
+
+@pytest.fixture(scope="module")
+def image(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("media") / "red.png"
+    Image.new("RGB", (120, 80), (220, 20, 20)).save(path)
+    return path
+
+
+def caption(capsys, *args: str) -> tuple[int, str, str]:
+    code = run(["caption", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def one_error_line(err: str, fragment: str = "") -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("ffai: error:"), err
+    assert "Traceback" not in err
+    assert fragment in lines[0], err
+    return lines[0]
+
+
+def test_still_prints_one_caption(capsys, image, tiny_checkpoint):
+    code, out, err = caption(capsys, "-i", str(image), "--model", str(tiny_checkpoint), "--max-new-tokens", "6")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert len(lines) == 1 and lines[0].strip()
+    assert not lines[0].startswith("[")
+
+
+def test_video_to_srt_tiles_the_timeline(capsys, clip, tiny_checkpoint, tmp_path):
+    out = tmp_path / "clip.srt"
+    code, _, err = caption(
+        capsys, "-i", str(clip), "--model", str(tiny_checkpoint), "--fps", "2", "--window", "4",
+        "--max-new-tokens", "4", "-o", str(out),
+    )
+    assert code == 0, err
+    cues = list(srt.parse(out.read_text(encoding="utf-8")))
+    assert [c.start.total_seconds() for c in cues] == [0.0, 2.0, 4.0]
+    assert [c.end.total_seconds() for c in cues] == [2.0, 4.0, 6.0]
+    assert all(c.content.strip() for c in cues)
+
+
+def test_jsonl_streams_to_stdout(capsys, clip, tiny_checkpoint):
+    code, out, err = caption(
+        capsys, "-i", str(clip), "--model", str(tiny_checkpoint), "--fps", "1", "--window", "2",
+        "--max-new-tokens", "3", "-o", "-", "-f", "jsonl",
+    )
+    assert code == 0, err
+    cues = [json.loads(line) for line in out.splitlines()]
+    assert [c["index"] for c in cues] == [1, 2, 3]
+    assert [c["frame_times"] for c in cues] == [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0]]
+
+
+def test_json_document_and_segment(capsys, clip, tiny_checkpoint, tmp_path):
+    out = tmp_path / "seg.json"
+    code, _, err = caption(
+        capsys, "-i", str(clip), "--model", str(tiny_checkpoint), "--fps", "1", "--window", "2",
+        "-ss", "2", "-t", "3", "--max-new-tokens", "3", "-o", str(out),
+    )
+    assert code == 0, err
+    doc = json.loads(out.read_text(encoding="utf-8"))
+    assert doc["version"] == 1
+    assert doc["engine"] == {"name": "smolvlm", "model": str(tiny_checkpoint)}
+    assert doc["params"]["fps"] == 1.0 and doc["params"]["window"] == 2
+    times = [t for c in doc["cues"] for t in c["frame_times"]]
+    assert times == [2.0, 3.0, 4.0]
+    assert doc["cues"][-1]["end"] == 5.0
+
+
+def test_existing_output_is_refused_then_overwritten_with_y(capsys, clip, tiny_checkpoint, tmp_path):
+    out = tmp_path / "clip.txt"
+    out.write_text("keep me\n")
+    args = ["-i", str(clip), "--model", str(tiny_checkpoint), "--max-frames", "2", "--window", "2", "--max-new-tokens", "2", "-o", str(out)]
+    code, _, err = caption(capsys, *args)
+    assert code == 1
+    one_error_line(err, "already exists")
+    assert out.read_text() == "keep me\n"
+    code, _, err = caption(capsys, *args, "-y")
+    assert code == 0, err
+    assert out.read_text().startswith("[00:00:00.000 --> ")
+
+
+def test_zero_frame_clip_gives_empty_track_and_warning(capsys, tiny_checkpoint, tmp_path):
+    src = make_zero_frame_clip(tmp_path / "empty.mp4")
+    out = tmp_path / "empty.srt"
+    code, _, err = caption(capsys, "-i", str(src), "--model", str(tiny_checkpoint), "-o", str(out))
+    # A stream that decodes nothing is either refused at probe or captioned to an empty track.
+    if code == 0:
+        assert out.read_text() == ""
+        assert "warning" in err and "no frames" in err
+    else:
+        one_error_line(err)
+        assert not out.exists()
+
+
+def test_window_too_large_for_context_is_refused_before_decoding(capsys, clip, tiny_checkpoint, tmp_path):
+    out = tmp_path / "x.srt"
+    code, _, err = caption(capsys, "-i", str(clip), "--model", str(tiny_checkpoint), "--window", "1000", "-o", str(out))
+    assert code == 2
+    one_error_line(err, "--window 1000")
+    assert not out.exists()
+
+
+def test_several_inputs_continue_past_a_failure(capsys, clip, image, tiny_checkpoint, tmp_path):
+    missing = tmp_path / "missing.mp4"
+    pattern = str(tmp_path / "{stem}.json")
+    code, _, err = caption(
+        capsys, "-i", str(missing), "-i", str(clip), "-i", str(image), "--model", str(tiny_checkpoint),
+        "--max-frames", "2", "--window", "2", "--max-new-tokens", "2", "-o", pattern,
+    )
+    assert code == 1
+    one_error_line(err, str(missing))
+    assert json.loads((tmp_path / "clip.json").read_text())["cues"]
+    assert len(json.loads((tmp_path / "red.json").read_text())["cues"]) == 1
+    assert not (tmp_path / "missing.json").exists()
+
+
+def test_several_inputs_need_a_pattern(capsys, clip, image, tiny_checkpoint, tmp_path):
+    code, _, err = caption(capsys, "-i", str(clip), "-i", str(image), "--model", str(tiny_checkpoint), "-o", str(tmp_path / "a.srt"))
+    assert code == 2
+    one_error_line(err, "{stem}")
+
+
+def _bad_inputs(tmp: Path) -> dict[str, Path]:
+    empty = tmp / "empty.mp4"
+    empty.write_bytes(b"")
+    text = tmp / "text.mp4"
+    text.write_text("this is not a video\n")
+    folder = tmp / "folder"
+    folder.mkdir()
+    return {
+        "missing": tmp / "nope.mp4",
+        "directory": folder,
+        "empty": empty,
+        "text": text,
+        "truncated": make_truncated_mp4(tmp / "trunc.mp4"),
+        "audio-only": make_audio_only(tmp / "audio.m4a"),
+    }
+
+
+@pytest.mark.parametrize("kind", ["missing", "directory", "empty", "text", "truncated", "audio-only"])
+def test_bad_input_is_one_line_and_creates_nothing(kind, tmp_path, tiny_checkpoint):
+    bad = _bad_inputs(tmp_path)[kind]
+    out = tmp_path / "out.srt"
+    proc = subprocess.run(
+        [sys.executable, "-m", "ffai", "caption", "-i", str(bad), "--model", str(tiny_checkpoint), "-o", str(out)],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"},
+    )
+    assert proc.returncode != 0
+    one_error_line(proc.stderr, str(bad))
+    assert not out.exists()
+
+
+def test_unwritable_output_dir_is_refused_first(capsys, clip, tiny_checkpoint, tmp_path):
+    out = tmp_path / "no" / "such" / "dir" / "x.srt"
+    code, _, err = caption(capsys, "-i", str(clip), "--model", str(tiny_checkpoint), "-o", str(out))
+    assert code == 1
+    one_error_line(err, str(out.parent))
+    assert not out.parent.exists()
+
+
+def test_runtime_never_imports_transformers(tmp_path, image, tiny_checkpoint):
+    code = (
+        "import sys\n"
+        "sys.modules['transformers'] = None  # any import of it now raises ImportError\n"
+        "from ffai.cli import run\n"
+        f"sys.exit(run(['caption', '-i', {str(image)!r}, '--model', {str(tiny_checkpoint)!r}, '--max-new-tokens', '3']))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip()
