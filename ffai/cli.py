@@ -32,8 +32,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-stderr = Console(stderr=True, highlight=False)
-
 
 class _State:
     verbose = False
@@ -60,11 +58,11 @@ def _main(
 
 def warn(message: str) -> None:
     if not _State.quiet:
-        stderr.print(f"ffai: warning: {message}", markup=False)
+        print(f"ffai: warning: {message}", file=sys.stderr, flush=True)
 
 
 def error(message: str) -> None:
-    stderr.print(f"ffai: error: {message}", markup=False, soft_wrap=True)
+    print(f"ffai: error: {' '.join(message.split())}", file=sys.stderr, flush=True)
 
 
 @app.command()
@@ -82,6 +80,88 @@ def engines(as_json: bool = typer.Option(False, "--json", help="Print a JSON arr
     for i in infos:
         table.add_row(i.name, i.task, i.status, i.default_model, i.description)
     Console(highlight=False).print(table)
+
+
+models_app = typer.Typer(help="List, download and verify model checkpoints.", no_args_is_help=True)
+app.add_typer(models_app, name="models")
+
+
+def _human_size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return str(n)
+
+
+@models_app.command("list")
+def models_list(as_json: bool = typer.Option(False, "--json", help="Print a JSON array instead of a table.")) -> None:
+    """Known models: engine, licence, size and where each was found."""
+    from ffai import models
+
+    rows = []
+    for m in models.manifests():
+        try:
+            where = str(models.locate(m))
+        except FfaiError:
+            where = None
+        rows.append({"name": m.name, "engine": m.engine, "license": m.license, "size": m.size, "path": where})
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2, ensure_ascii=False))
+        return
+    table = Table(title="ffai models")
+    for column in ("name", "engine", "licence", "size", "found at"):
+        table.add_column(column)
+    for r in rows:
+        table.add_row(r["name"], r["engine"], r["license"], _human_size(r["size"]), r["path"] or "missing")
+    Console(highlight=False).print(table)
+
+
+def _manifest(name: str):
+    from ffai import models
+
+    manifest = models.find_manifest(name)
+    if manifest is None:
+        known = ", ".join(m.name for m in models.manifests())
+        raise UsageError(f"no model named {name!r} (known: {known})")
+    return manifest
+
+
+@models_app.command("pull")
+def models_pull(name: str = typer.Argument(..., help="Model name (see `ffai models list`).")) -> None:
+    """Download a model into the Hugging Face cache, resuming and verifying sha256."""
+    from rich.progress import BarColumn, DownloadColumn, Progress as RichProgress, TextColumn, TransferSpeedColumn
+
+    from ffai import hub
+
+    manifest = _manifest(name)
+    if not manifest.hf_repo:
+        raise UsageError(f"{name} ships with ffai; there is nothing to download")
+    bar = RichProgress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                       console=Console(stderr=True), disable=not sys.stderr.isatty() or _State.quiet)
+    tasks: dict[str, int] = {}
+
+    def progress(path: str, done: int, total: int) -> None:
+        if path not in tasks:
+            tasks[path] = bar.add_task(path, total=total)
+        bar.update(tasks[path], completed=done)
+
+    with bar:
+        folder = hub.pull(manifest, progress=progress)
+    typer.echo(str(folder))
+
+
+@models_app.command("verify")
+def models_verify(name: str = typer.Argument(..., help="Model name (see `ffai models list`).")) -> None:
+    """Re-hash a model's files on disk against its manifest."""
+    from ffai import hub
+
+    results = hub.verify(_manifest(name))
+    for path, status in results:
+        typer.echo(f"{status:16} {path}")
+    bad = [path for path, status in results if status != "ok"]
+    if bad:
+        raise FfaiError(f"{name}: {len(bad)} of {len(results)} files failed verification")
 
 
 @app.command()

@@ -97,6 +97,32 @@ def hf_snapshot(repo: str, revision: str) -> Path:
     return repo_dir / "snapshots" / commit
 
 
+def bundled_dir() -> Path:
+    """Where the manifests (and the bundled demo checkpoint) are installed."""
+    return Path(str(resources.files("ffai_models")))
+
+
+def candidates(manifest: Manifest) -> list[Path]:
+    """Where ``manifest``'s model may be, in lookup order."""
+    found = [ffai_home() / "models" / manifest.name, bundled_dir() / manifest.name]
+    if manifest.hf_repo:
+        found.append(hf_snapshot(manifest.hf_repo, manifest.revision))
+    return found
+
+
+def locate(manifest: Manifest) -> Path:
+    """The folder holding ``manifest``'s model, or a ModelError naming ``ffai models pull``."""
+    places = candidates(manifest)
+    for folder in places:
+        if (folder / "config.json").is_file():
+            return folder
+    looked = ", ".join(str(c) for c in places)
+    raise ModelError(
+        f"model {manifest.name!r} is not on this machine (looked in {looked}); "
+        f"run `ffai models pull {manifest.name}` or pass --model PATH"
+    )
+
+
 def _looks_like_path(spec: str) -> bool:
     return os.sep in spec or spec.startswith((".", "~")) or Path(spec).exists()
 
@@ -113,15 +139,11 @@ def resolve(spec: str) -> Path:
     """The checkpoint folder for a model name or path, following the lookup order above."""
     if _looks_like_path(spec):
         return _checkpoint_dir(Path(spec).expanduser())
-    candidates = [ffai_home() / "models" / spec]
     manifest = find_manifest(spec)
     if manifest is not None:
-        candidates.append(hf_snapshot(manifest.hf_repo, manifest.revision))
-    for folder in candidates:
-        if (folder / "config.json").is_file():
-            return folder
-    if manifest is None:
-        known = ", ".join(m.name for m in manifests()) or "none"
-        raise ModelError(f"no model named {spec!r} (known: {known}); pass --model PATH to a checkpoint folder")
-    looked = ", ".join(str(c) for c in candidates)
-    raise ModelError(f"model {spec!r} is not on this machine (looked in {looked}); run `ffai models pull {spec}` or pass --model PATH")
+        return locate(manifest)
+    own = ffai_home() / "models" / spec
+    if (own / "config.json").is_file():
+        return own
+    known = ", ".join(m.name for m in manifests()) or "none"
+    raise ModelError(f"no model named {spec!r} (known: {known}); pass --model PATH to a checkpoint folder")
