@@ -1,0 +1,303 @@
+"""Schedulers own a stage's compute; their whole interface is two queues and three methods.
+
+Contract (what :class:`ffai.pipeline.stage.Stage` relies on, and nothing more):
+
+- ``inbox`` / ``outbox``: ``queue.Queue`` of :class:`~ffai.pipeline.messages.Message`.
+  In: ``new_request``, ``stream_chunk``, ``stream_done``, ``abort``. Out: ``result``,
+  ``stream``, ``error``.
+- ``start()``: the blocking loop; the stage runs it in a thread of its own.
+- ``stop()``: make ``start()`` return soon (a running function is not interrupted).
+- ``abort(request_id)``: forget the request and emit nothing more for it; callable from any
+  thread.
+
+:class:`SimpleScheduler` runs a function per request or a batch function per batch.
+:class:`StreamingScheduler` is the base for stages that consume stream chunks.
+A function run by ``SimpleScheduler`` may call :func:`emit` to stream chunks of the request
+it is working on (for example from a per-token callback); once that request is aborted,
+``emit`` raises :class:`~ffai.pipeline.errors.RequestAborted` so the work stops early.
+"""
+
+from __future__ import annotations
+
+import collections
+import queue
+import threading
+import time
+import traceback
+from typing import Any, Callable, Sequence
+
+from ffai.pipeline.errors import PipelineError, RequestAborted
+from ffai.pipeline.messages import (
+    ABORT,
+    ERROR,
+    NEW_REQUEST,
+    RESULT,
+    STREAM,
+    STREAM_CHUNK,
+    STREAM_DONE,
+    ErrorInfo,
+    Message,
+)
+
+_POLL_S = 0.2  # how often an idle loop checks for stop()
+_emitter = threading.local()
+
+
+def emit(chunk: Any) -> None:
+    """Stream ``chunk`` for the request the calling stage function is running now."""
+    send = getattr(_emitter, "send", None)
+    if send is None:
+        raise PipelineError("emit() is only available inside a single-request stage function")
+    send(chunk)
+
+
+class BoundedSet:
+    """A thread-safe set that forgets its oldest members past ``maxlen`` (aborted ids)."""
+
+    def __init__(self, maxlen: int = 65536) -> None:
+        self._items: collections.OrderedDict[Any, None] = collections.OrderedDict()
+        self._maxlen = maxlen
+        self._lock = threading.Lock()
+
+    def add(self, item: Any) -> None:
+        with self._lock:
+            self._items[item] = None
+            self._items.move_to_end(item)
+            while len(self._items) > self._maxlen:
+                self._items.popitem(last=False)
+
+    def __contains__(self, item: Any) -> bool:
+        with self._lock:
+            return item in self._items
+
+
+class Scheduler:
+    """Base: the queues, the stop flag, the aborted set and the loop skeleton."""
+
+    def __init__(self) -> None:
+        self.inbox: queue.Queue[Message] = queue.Queue()
+        self.outbox: queue.Queue[Message] = queue.Queue()
+        self._stopping = threading.Event()
+        self._aborted = BoundedSet()
+
+    def start(self) -> None:
+        while not self._stopping.is_set():
+            msg = self._get(_POLL_S)
+            if msg is not None:
+                self.handle(msg)
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    def abort(self, request_id: Any) -> None:
+        self._aborted.add(request_id)
+        # The loop sees this too, so it can drop queued work and per-request state.
+        self.inbox.put(Message(ABORT, request_id))
+
+    def handle(self, msg: Message) -> None:
+        raise NotImplementedError
+
+    def is_aborted(self, request_id: Any) -> bool:
+        return request_id in self._aborted
+
+    def put_result(self, request_id: Any, result: Any) -> None:
+        self._put(Message(RESULT, request_id, result))
+
+    def put_error(self, request_id: Any, exc: BaseException) -> None:
+        tb = "".join(traceback.format_exception(exc))
+        self._put(Message(ERROR, request_id, ErrorInfo.from_exception(exc, tb)))
+
+    def put_chunk(self, request_id: Any, chunk: Any) -> None:
+        if self.is_aborted(request_id):
+            raise RequestAborted(f"request {request_id!r} was aborted")
+        self.outbox.put(Message(STREAM, request_id, chunk))
+
+    def _put(self, msg: Message) -> None:
+        if not self.is_aborted(msg.request_id):
+            self.outbox.put(msg)
+
+    def _get(self, timeout: float | None) -> Message | None:
+        try:
+            return self.inbox.get(timeout=timeout) if timeout is None or timeout > 0 else self.inbox.get_nowait()
+        except queue.Empty:
+            return None
+
+
+class SimpleScheduler(Scheduler):
+    """One function per request, or one batch function per batch.
+
+    ``fn(payload) -> result``; ``batch_fn(payloads) -> results`` (same length; an item that
+    is an ``Exception`` fails only its own request). With ``batch_fn`` every batch, even a
+    batch of one, goes through it; without it each item goes through ``fn``.
+
+    Batching: a lone request on an idle stage runs at once; when a second request is
+    already waiting, a window of ``max_batch_wait_ms`` opens to gather up to
+    ``max_batch_size``. ``batch_wait_when_idle=True`` opens the window for a lone request
+    too (trading its latency for fuller batches).
+    """
+
+    def __init__(
+        self,
+        fn: Callable[[Any], Any] | None = None,
+        batch_fn: Callable[[list[Any]], Sequence[Any]] | None = None,
+        max_batch_size: int = 1,
+        max_batch_wait_ms: float = 0,
+        batch_wait_when_idle: bool = False,
+    ) -> None:
+        super().__init__()
+        if fn is None and batch_fn is None:
+            raise PipelineError("SimpleScheduler needs fn or batch_fn")
+        if max_batch_size < 1 or max_batch_wait_ms < 0:
+            raise PipelineError("max_batch_size must be >= 1 and max_batch_wait_ms >= 0")
+        self.fn = fn
+        self.batch_fn = batch_fn
+        self.max_batch_size = max_batch_size
+        self.max_batch_wait_s = max_batch_wait_ms / 1000
+        self.batch_wait_when_idle = batch_wait_when_idle
+        self._pending: collections.deque[tuple[Any, Any]] = collections.deque()
+
+    def start(self) -> None:
+        while not self._stopping.is_set():
+            batch = self._next_batch()
+            if batch:
+                self._run(batch)
+
+    def handle(self, msg: Message) -> None:
+        if msg.kind == NEW_REQUEST:
+            if not self.is_aborted(msg.request_id):
+                self._pending.append((msg.request_id, msg.data))
+        elif msg.kind == ABORT:
+            self._pending = collections.deque(p for p in self._pending if p[0] != msg.request_id)
+        elif msg.kind in (STREAM_CHUNK, STREAM_DONE):
+            self.put_error(msg.request_id, PipelineError("this stage does not consume stream chunks"))
+
+    def _next_batch(self) -> list[tuple[Any, Any]]:
+        while not self._pending:
+            msg = self._get(_POLL_S)
+            if self._stopping.is_set():
+                return []
+            if msg is not None:
+                self.handle(msg)
+        self._drain_now()
+        if self._should_wait():
+            self._gather(time.monotonic() + self.max_batch_wait_s)
+        n = min(self.max_batch_size, len(self._pending))
+        return [self._pending.popleft() for _ in range(n)]
+
+    def _should_wait(self) -> bool:
+        if self.max_batch_size == 1 or self.max_batch_wait_s == 0:
+            return False
+        return len(self._pending) >= 2 or self.batch_wait_when_idle
+
+    def _drain_now(self) -> None:
+        while (msg := self._get(0)) is not None:
+            self.handle(msg)
+
+    def _gather(self, deadline: float) -> None:
+        while self._pending and len(self._pending) < self.max_batch_size:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or self._stopping.is_set():
+                return
+            msg = self._get(min(remaining, _POLL_S))
+            if msg is not None:
+                self.handle(msg)
+
+    def _run(self, batch: list[tuple[Any, Any]]) -> None:
+        batch = [(rid, p) for rid, p in batch if not self.is_aborted(rid)]
+        if not batch:
+            return
+        if self.batch_fn is not None:
+            self._run_batch(batch)
+        else:
+            for rid, payload in batch:
+                self._run_one(rid, payload)
+
+    def _run_one(self, request_id: Any, payload: Any) -> None:
+        _emitter.send = lambda chunk: self.put_chunk(request_id, chunk)
+        try:
+            result = self.fn(payload)
+        except RequestAborted:
+            return
+        except Exception as exc:  # the stage's failure belongs to this request only
+            self.put_error(request_id, exc)
+            return
+        finally:
+            _emitter.send = None
+        self.put_result(request_id, result)
+
+    def _run_batch(self, batch: list[tuple[Any, Any]]) -> None:
+        try:
+            results = list(self.batch_fn([payload for _, payload in batch]))
+            if len(results) != len(batch):
+                raise PipelineError(f"batch_fn returned {len(results)} results for {len(batch)} requests")
+        except Exception as exc:
+            for rid, _ in batch:
+                self.put_error(rid, exc)
+            return
+        for (rid, _), result in zip(batch, results):
+            if isinstance(result, BaseException):
+                self.put_error(rid, result)
+            else:
+                self.put_result(rid, result)
+
+
+class StreamState:
+    """What a :class:`StreamingScheduler` knows about one request so far."""
+
+    __slots__ = ("payload", "has_request", "done", "chunks", "data")
+
+    def __init__(self) -> None:
+        self.payload: Any = None
+        self.has_request = False
+        self.done = False
+        self.chunks: list[Any] = []
+        self.data: dict[str, Any] = {}  # free space for subclasses
+
+
+class StreamingScheduler(Scheduler):
+    """Base for a stage that consumes stream chunks from an upstream producer.
+
+    Chunks may arrive before or after the request itself. Subclasses override
+    :meth:`on_chunk` (default: keep the chunk in ``state.chunks``) and :meth:`on_finish`,
+    which runs once both the request's payload and ``stream_done`` have arrived and
+    returns the result. Either may call ``self.emit(request_id, chunk)`` to stream onward.
+    An exception in either fails only that request.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._states: dict[Any, StreamState] = {}
+
+    def on_chunk(self, request_id: Any, chunk: Any, state: StreamState) -> None:
+        state.chunks.append(chunk)
+
+    def on_finish(self, request_id: Any, payload: Any, state: StreamState) -> Any:
+        raise NotImplementedError
+
+    def emit(self, request_id: Any, chunk: Any) -> None:
+        self.put_chunk(request_id, chunk)
+
+    def handle(self, msg: Message) -> None:
+        rid = msg.request_id
+        if msg.kind == ABORT:
+            self._states.pop(rid, None)
+            return
+        if self.is_aborted(rid):
+            return
+        state = self._states.setdefault(rid, StreamState())
+        try:
+            if msg.kind == NEW_REQUEST:
+                state.payload, state.has_request = msg.data, True
+            elif msg.kind == STREAM_CHUNK:
+                self.on_chunk(rid, msg.data, state)
+            elif msg.kind == STREAM_DONE:
+                state.done = True
+            if state.has_request and state.done:
+                del self._states[rid]
+                self.put_result(rid, self.on_finish(rid, state.payload, state))
+        except RequestAborted:
+            self._states.pop(rid, None)
+        except Exception as exc:
+            self._states.pop(rid, None)
+            self.put_error(rid, exc)
+            self._aborted.add(rid)  # later chunks of a failed request are noise
