@@ -61,7 +61,11 @@ class Captioner:
     def __init__(self, options: CaptionOptions) -> None:
         self.options = options
         self.engine: Engine = registry.get_engine(options.engine)
-        self.model_name = options.model or self.engine.info.default_model
+        self.notice: str | None = None
+        if options.model:
+            self.model_name = options.model
+        else:
+            self.model_name, self.notice = models.default_model(self.engine.info.name, self.engine.info.default_model)
         self.model_dir: Path = models.resolve(self.model_name)
         self.engine.check_window(self.model_dir, options.window, options.decoding, split=False)
         self._model: LoadedModel | None = None

@@ -80,6 +80,8 @@ def run_caption_jobs(
     if not probed:
         return failed
     captioner = Captioner(options)
+    if captioner.notice:
+        warn(captioner.notice)
     for job, info in probed:
         try:
             _run_one(captioner, job, info, options, overwrite=overwrite, progress=progress, warn=warn)

@@ -147,3 +147,24 @@ def resolve(spec: str) -> Path:
         return own
     known = ", ".join(m.name for m in manifests()) or "none"
     raise ModelError(f"no model named {spec!r} (known: {known}); pass --model PATH to a checkpoint folder")
+
+
+def default_model(engine: str, engine_default: str) -> tuple[str, str | None]:
+    """The model to use when ``--model`` is not given, and a note to show when it is a fallback.
+
+    ``$FFAI_MODEL`` → the engine's default model if it is on this machine → a model bundled
+    with ffai for this engine (the small demo), with a note saying how to get the real one.
+    """
+    if os.environ.get("FFAI_MODEL"):
+        return os.environ["FFAI_MODEL"], None
+    default = find_manifest(engine_default)
+    if default is None or any((c / "config.json").is_file() for c in candidates(default)):
+        return engine_default, None
+    for m in manifests():
+        if m.engine == engine and not m.hf_repo and (bundled_dir() / m.name / "config.json").is_file():
+            note = (
+                f"{engine_default} is not on this machine; using the small bundled demo model {m.name} "
+                f"(get the real one with `ffai models pull {engine_default}`)"
+            )
+            return m.name, note
+    return engine_default, None
