@@ -7,14 +7,17 @@ the engine only through the contract in ``ffai.engine``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator, Sequence
 
 from ffai import media, models, registry
-from ffai.engine import DecodingOptions, Engine, LoadedModel, RuntimeOptions
+from ffai.engine import DecodingOptions, DescribeRequest, Engine, RuntimeOptions, StageSpec
 from ffai.errors import UsageError
+from ffai.pipeline import Coordinator, PipelineConfig, ProcessConfig, StageConfig
 from ffai.tracks import Cue
 from ffai.windows import make_windows
 
@@ -32,8 +35,11 @@ class CaptionOptions:
     max_frames: int | None = None
     decoding: DecodingOptions = field(default_factory=DecodingOptions)
     runtime: RuntimeOptions = field(default_factory=RuntimeOptions)
+    max_in_flight: int = 2
 
     def __post_init__(self) -> None:
+        if self.max_in_flight < 1:
+            raise UsageError("--max-in-flight must be at least 1")
         if not math.isfinite(self.fps) or self.fps <= 0:
             raise UsageError("--fps must be a number > 0")
         if self.window < 1:
@@ -54,12 +60,45 @@ class Progress:
     on_cue: Callable[[Cue], None] | None = None
 
 
-class Captioner:
-    """A resolved engine and model folder; loads the weights on first use and keeps them
-    for every input of the run."""
+def available_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
 
-    def __init__(self, options: CaptionOptions) -> None:
+
+def pipeline_config(stages: Sequence[StageSpec], model_dir: Path, runtime: RuntimeOptions, cores: int) -> PipelineConfig:
+    """The engine's stages as a linear pipeline; the cores are shared out between its worker
+    processes so that stages running side by side do not oversubscribe the machine."""
+    processes = list(dict.fromkeys(spec.process for spec in stages))
+    threads = runtime.threads or max(1, cores // len(processes))
+    configs = []
+    for i, spec in enumerate(stages):
+        last = i == len(stages) - 1
+        configs.append(
+            StageConfig(
+                name=spec.name,
+                factory=spec.factory,
+                args=(str(model_dir), runtime),
+                next=() if last else (stages[i + 1].name,),
+                terminal=last,
+                process=spec.process,
+            )
+        )
+    return PipelineConfig(stages=tuple(configs), processes=tuple(ProcessConfig(p, threads=threads) for p in processes))
+
+
+class Captioner:
+    """A resolved engine and model folder, and the pipeline that runs it.
+
+    The pipeline starts on first use (workers load the weights then) and serves every input
+    of the run; ``close()`` (or leaving the ``with`` block) stops the workers. ``inline=True``
+    runs the same stages as threads in this process: what a lone still needs.
+    """
+
+    def __init__(self, options: CaptionOptions, *, inline: bool = False) -> None:
         self.options = options
+        self.inline = inline
         self.engine: Engine = registry.get_engine(options.engine)
         self.notice: str | None = None
         if options.model:
@@ -68,27 +107,56 @@ class Captioner:
             self.model_name, self.notice = models.default_model(self.engine.info.name, self.engine.info.default_model)
         self.model_dir: Path = models.resolve(self.model_name)
         self.engine.check_window(self.model_dir, options.window, options.decoding, split=False)
-        self._model: LoadedModel | None = None
+        self._pipe: Coordinator | None = None
+
+    def __enter__(self) -> "Captioner":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._pipe is not None:
+            self._pipe.close()
+            self._pipe = None
 
     @property
-    def model(self) -> LoadedModel:
-        if self._model is None:
-            self._model = self.engine.load(self.model_dir, self.options.runtime)
-        return self._model
+    def pipe(self) -> Coordinator:
+        if self._pipe is None:
+            config = pipeline_config(self.engine.stages(), self.model_dir, self.options.runtime, available_cores())
+            self._pipe = Coordinator(config, inline=self.inline, max_in_flight=self.options.max_in_flight).start()
+        return self._pipe
 
     def captions(self, info: media.MediaInfo, progress: Progress | None = None) -> Iterator[Cue]:
         """Cues for one probed input, in timeline order. A still gives one cue at 0."""
         progress = progress or Progress()
         if info.kind == "image":
-            image = media.load_image(info.path)
-            text = self.model.describe([image], self.options.decoding, split=True)
+            request = DescribeRequest((media.load_image(info.path),), self.options.decoding, split=True)
+            text = self.pipe.submit("still", request).result().text.strip()
             yield _emit(Cue(index=1, start_ms=0, end_ms=0, frame_times_ms=(0,), text=text), progress)
             return
-        frames = self._frames(info, progress)
-        for window in make_windows(frames, self.options.window, self.options.fps, clip_end=info.duration):
-            images = [frame.image for frame in window.frames]
-            text = self.model.describe(images, self.options.decoding, split=False)
-            yield _emit(Cue.from_window(window, text), progress)
+        yield from self._video_cues(info, progress)
+
+    def _video_cues(self, info: media.MediaInfo, progress: Progress) -> Iterator[Cue]:
+        # Windows are submitted as they are decoded, at most max_in_flight at once; they may
+        # finish out of order, so finished cues wait in a small buffer for their turn.
+        timing: dict[int, Cue] = {}
+        finished: dict[int, str] = {}
+        next_index = 0
+
+        def requests() -> Iterator[tuple[int, DescribeRequest]]:
+            windows = make_windows(self._frames(info, progress), self.options.window, self.options.fps, clip_end=info.duration)
+            for window in windows:
+                timing[window.index] = Cue.from_window(window, "")
+                images = tuple(frame.image for frame in window.frames)
+                yield window.index, DescribeRequest(images, self.options.decoding, split=False)
+
+        for future in self.pipe.as_completed(requests()):
+            finished[future.request_id] = future.result().text.strip()
+            while next_index in finished:
+                cue = dataclasses.replace(timing.pop(next_index), text=finished.pop(next_index))
+                next_index += 1
+                yield _emit(cue, progress)
 
     def _frames(self, info: media.MediaInfo, progress: Progress) -> Iterable[media.Frame]:
         o = self.options
@@ -107,10 +175,12 @@ def _emit(cue: Cue, progress: Progress) -> Cue:
 def caption(inputs: str | Path | Iterable[str | Path], options: CaptionOptions | None = None) -> Iterator[Cue]:
     """Caption one or more images or videos; yields each input's cues in timeline order.
 
+    Cue texts are the model's answers with surrounding whitespace stripped.
+
     >>> for cue in caption("clip.mp4", CaptionOptions(fps=2, window=8)):
     ...     print(cue.start_ms, cue.text)
     """
     paths = [inputs] if isinstance(inputs, (str, Path)) else list(inputs)
-    captioner = Captioner(options or CaptionOptions())
-    for path in paths:
-        yield from captioner.captions(media.probe(path))
+    with Captioner(options or CaptionOptions()) as captioner:
+        for path in paths:
+            yield from captioner.captions(media.probe(path))

@@ -184,6 +184,8 @@ def caption(
     top_k: int = typer.Option(0, "--top-k", help="Sample among the k most likely tokens (0: all)."),
     dtype: str = typer.Option("float32", "--dtype", help="float32 or bfloat16."),
     device: str = typer.Option("auto", "--device", help="cpu, cuda or auto."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="Torch threads per worker (default: the cores shared out)."),
+    max_in_flight: int = typer.Option(2, "--max-in-flight", help="Windows in the pipeline at once."),
     overwrite: bool = typer.Option(False, "-y", help="Overwrite existing outputs."),
     never_overwrite: bool = typer.Option(False, "-n", help="Never overwrite existing outputs (the default)."),
     progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", help="Progress bar on stderr (default: when stderr is a terminal)."),
@@ -215,7 +217,8 @@ def caption(
             top_k=top_k,
             seed=seed,
         ),
-        runtime=RuntimeOptions(dtype=dtype, device=device),
+        runtime=RuntimeOptions(dtype=dtype, device=device, threads=threads),
+        max_in_flight=max_in_flight,
     )
     show_progress = sys.stderr.isatty() if progress is None else progress
     failed = jobs.run_caption_jobs(

@@ -92,6 +92,39 @@ class RuntimeOptions:
             raise UsageError("--threads must be at least 1")
 
 
+@dataclass(frozen=True)
+class DescribeRequest:
+    """What the core submits to an engine's first stage for one window or still."""
+
+    images: tuple  # PIL images, RGB
+    options: DecodingOptions
+    split: bool
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What an engine's last stage returns for one request: the text and the tokens behind it
+    (the bench compares tokens between implementations)."""
+
+    text: str
+    token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """One stage of an engine's pipeline, as the core places it into a worker.
+
+    ``factory`` is a ``"module:function"`` importable in a fresh process; it is called as
+    ``factory(model_dir, runtime)`` and returns a function from the previous stage's output
+    (a DescribeRequest for the first stage) to this stage's output (an Answer, for the last).
+    Stages sharing a ``process`` name run in one worker process.
+    """
+
+    name: str
+    factory: str
+    process: str
+
+
 class LoadedModel(Protocol):
     """A model with its weights in memory. The three stages compose into ``describe``.
 
@@ -118,3 +151,6 @@ class Engine(Protocol):
         Reads only the checkpoint's small files; never loads weights."""
 
     def load(self, model_dir: Path, runtime: RuntimeOptions) -> LoadedModel: ...
+
+    def stages(self) -> Sequence[StageSpec]:
+        """The pipeline, first stage to last: DescribeRequest in, Answer out."""

@@ -79,14 +79,16 @@ def run_caption_jobs(
             fail(e)
     if not probed:
         return failed
-    captioner = Captioner(options)
-    if captioner.notice:
-        warn(captioner.notice)
-    for job, info in probed:
-        try:
-            _run_one(captioner, job, info, options, overwrite=overwrite, progress=progress, warn=warn)
-        except FfaiError as e:
-            fail(e)
+    # Stills alone run inline; any video gets the worker pipeline (decoding overlaps compute).
+    inline = all(info.kind == "image" for _, info in probed)
+    with Captioner(options, inline=inline) as captioner:
+        if captioner.notice:
+            warn(captioner.notice)
+        for job, info in probed:
+            try:
+                _run_one(captioner, job, info, options, overwrite=overwrite, progress=progress, warn=warn)
+            except FfaiError as e:
+                fail(e)
     return failed
 
 

@@ -7,11 +7,12 @@ worker pipeline runs them as separate stages. Nothing here knows about processes
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from ffai.engine import DecodingOptions, EngineInfo, RuntimeOptions
+from ffai.engine import Answer, DecodingOptions, DescribeRequest, EngineInfo, RuntimeOptions, StageSpec
 from ffai.errors import UsageError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -44,6 +45,7 @@ class Prepared:
     input_ids: list[int]
     pixel_values: "torch.Tensor"  # (n_tiles, 3, tile, tile)
     pixel_attention_mask: "torch.Tensor"  # (n_tiles, tile, tile) bool
+    options: DecodingOptions
 
 
 @dataclass
@@ -52,6 +54,7 @@ class Encoded:
 
     input_ids: list[int]
     image_embeds: "torch.Tensor"  # (n_tiles, image_seq_len, text hidden)
+    options: DecodingOptions
 
 
 class SmolVLMEngine:
@@ -78,6 +81,14 @@ class SmolVLMEngine:
     def load(self, model_dir: Path, runtime: RuntimeOptions) -> "SmolVLMModel":
         return SmolVLMModel(model_dir, runtime)
 
+    def stages(self) -> tuple[StageSpec, ...]:
+        # Preprocessing shares the vision worker: it is light, and its tiles then stay local.
+        return (
+            StageSpec("preprocess", f"{__name__}:preprocess_stage", process="vision"),
+            StageSpec("vision", f"{__name__}:vision_stage", process="vision"),
+            StageSpec("text", f"{__name__}:text_stage", process="text"),
+        )
+
 
 ENGINE = SmolVLMEngine()
 
@@ -92,58 +103,73 @@ def _torch_device(name: str) -> str:
     return name
 
 
-class SmolVLMModel:
-    """A checkpoint in memory. Weights are memory-mapped from safetensors on construction."""
+def _load_weights(model_dir: Path, runtime: RuntimeOptions, parts: tuple[str, ...]):
+    import torch
 
-    def __init__(self, model_dir: Path, runtime: RuntimeOptions) -> None:
-        import torch
+    from ffai_smolvlm.weights import load_model
 
+    if runtime.threads is not None:
+        torch.set_num_threads(runtime.threads)
+    return load_model(model_dir, dtype=getattr(torch, runtime.dtype), device=_torch_device(runtime.device), parts=parts)
+
+
+class Preprocessor:
+    """Stage 1: Pillow images → tiles and prompt ids. Needs no weights."""
+
+    def __init__(self, model_dir: Path) -> None:
         from ffai_smolvlm.preprocess import ProcessorConfig
         from ffai_smolvlm.prompt import PromptBuilder
-        from ffai_smolvlm.weights import load_model
 
-        if runtime.threads is not None:
-            torch.set_num_threads(runtime.threads)
-        self.device = _torch_device(runtime.device)
-        self.dtype = getattr(torch, runtime.dtype)
         self.processor = ProcessorConfig.from_dir(model_dir)
         self.prompts = PromptBuilder.from_dir(model_dir)
-        self.stop_ids = self.prompts.stop_ids()
-        self.net = load_model(model_dir, dtype=self.dtype, device=self.device)
 
-    def preprocess(self, images: Sequence["Image.Image"], options: DecodingOptions, *, split: bool) -> Prepared:
+    def __call__(self, request: DescribeRequest) -> Prepared:
         from ffai_smolvlm.preprocess import preprocess_images
 
-        batch = preprocess_images(images, self.processor, split=split)
-        text = prompt_text(options, len(images), split)
+        batch = preprocess_images(request.images, self.processor, split=request.split)
+        text = prompt_text(request.options, len(request.images), request.split)
         ids = self.prompts.build(batch.grids, text, self.processor.image_seq_len)
-        return Prepared(ids, batch.pixel_values, batch.pixel_attention_mask)
+        return Prepared(ids, batch.pixel_values, batch.pixel_attention_mask, request.options)
 
-    def encode(self, prepared: Prepared) -> Encoded:
+
+class VisionEncoder:
+    """Stage 2: tiles → image embeddings (vision tower + connector)."""
+
+    def __init__(self, net) -> None:
+        self.net = net
+
+    def __call__(self, prepared: Prepared) -> Encoded:
         import torch
 
         with torch.inference_mode():
-            pixels = prepared.pixel_values.to(self.device, self.dtype)
-            mask = prepared.pixel_attention_mask.to(self.device)
-            embeds = self.net.encode_images(pixels, mask)
-        return Encoded(prepared.input_ids, embeds)
+            embeds = self.net.encode_images(prepared.pixel_values, prepared.pixel_attention_mask)
+        return Encoded(prepared.input_ids, embeds, prepared.options)
 
-    def generate(
-        self, encoded: Encoded, options: DecodingOptions, on_token: Callable[[str], None] | None = None
-    ) -> str:
-        return self.prompts.decode(self.generate_ids(encoded, options, on_token))
 
-    def generate_ids(
-        self, encoded: Encoded, options: DecodingOptions, on_token: Callable[[str], None] | None = None
-    ) -> list[int]:
+class TextDecoder:
+    """Stage 3: prompt ids + image embeddings → the answer (text tower, static KV cache)."""
+
+    def __init__(self, net, model_dir: Path) -> None:
+        from ffai_smolvlm.prompt import PromptBuilder
+
+        self.net = net
+        self.prompts = PromptBuilder.from_dir(model_dir)
+        self.stop_ids = self.prompts.stop_ids()
+
+    def __call__(self, encoded: Encoded, on_token: Callable[[str], None] | None = None) -> Answer:
+        ids = self.generate_ids(encoded, on_token)
+        return Answer(self.prompts.decode(ids), tuple(ids))
+
+    def generate_ids(self, encoded: Encoded, on_token: Callable[[str], None] | None = None) -> list[int]:
         import torch
 
         from ffai_smolvlm.generate import generate
 
+        options = encoded.options
         token_cb: Callable[[int], Any] | None = None
         if on_token is not None:
             token_cb = lambda token_id: on_token(self.prompts.decode([token_id]))  # noqa: E731
-        ids = torch.tensor([encoded.input_ids], device=self.device)
+        ids = torch.tensor([encoded.input_ids], device=self.net.device)
         with torch.inference_mode():
             return generate(
                 self.net,
@@ -159,5 +185,39 @@ class SmolVLMModel:
                 on_token=token_cb,
             )
 
+
+class SmolVLMModel:
+    """All three stages over one set of weights, in this process (library use, tests)."""
+
+    def __init__(self, model_dir: Path, runtime: RuntimeOptions) -> None:
+        net = _load_weights(model_dir, runtime, parts=("vision", "text"))
+        self.preprocessor = Preprocessor(model_dir)
+        self.vision = VisionEncoder(net)
+        self.text = TextDecoder(net, model_dir)
+
+    def preprocess(self, images: Sequence["Image.Image"], options: DecodingOptions, *, split: bool) -> Prepared:
+        return self.preprocessor(DescribeRequest(tuple(images), options, split))
+
+    def encode(self, prepared: Prepared) -> Encoded:
+        return self.vision(prepared)
+
+    def generate(self, encoded: Encoded, options: DecodingOptions, on_token: Callable[[str], None] | None = None) -> str:
+        return self.text(dataclasses.replace(encoded, options=options), on_token).text
+
     def describe(self, images: Sequence["Image.Image"], options: DecodingOptions, *, split: bool) -> str:
         return self.generate(self.encode(self.preprocess(images, options, split=split)), options)
+
+
+# Stage factories, called in worker processes as factory(model_dir, runtime).
+
+
+def preprocess_stage(model_dir: str, runtime: RuntimeOptions) -> Preprocessor:
+    return Preprocessor(Path(model_dir))
+
+
+def vision_stage(model_dir: str, runtime: RuntimeOptions) -> VisionEncoder:
+    return VisionEncoder(_load_weights(Path(model_dir), runtime, parts=("vision",)))
+
+
+def text_stage(model_dir: str, runtime: RuntimeOptions) -> TextDecoder:
+    return TextDecoder(_load_weights(Path(model_dir), runtime, parts=("text",)), Path(model_dir))

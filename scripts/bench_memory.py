@@ -1,0 +1,60 @@
+"""Memory bounded by the window, not the clip: caption a 60 s and a 600 s generated clip with
+the same settings through `ffai caption` and print the peak RSS of the whole process tree
+(main process + pipeline workers) for each, and their ratio. Target: ratio <= 1.10.
+
+    python scripts/bench_memory.py [--model DIR] [--fps 1] [--window 8] [--size 320x240]
+
+Without --model it uses the tiny random-weight test checkpoint (written on first use):
+memory boundedness is a property of the pipeline, not of the weights' values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(REPO / "scripts"), str(REPO / "tests")]
+
+from ffai.rss import run_measured  # noqa: E402
+from make_sample_media import make_clip  # noqa: E402
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", help="checkpoint folder (default: the tiny test checkpoint)")
+    parser.add_argument("--fps", type=float, default=1.0)
+    parser.add_argument("--window", type=int, default=8)
+    parser.add_argument("--size", default="320x240")
+    parser.add_argument("--max-new-tokens", type=int, default=8)
+    parser.add_argument("--seconds", type=float, nargs=2, default=(60.0, 600.0))
+    args = parser.parse_args()
+    if args.model is None:
+        import checkpoints
+
+        args.model = str(checkpoints.checkpoint("tiny"))
+    width, height = (int(v) for v in args.size.split("x"))
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for seconds in args.seconds:
+            clip = make_clip(Path(tmp) / f"clip{seconds:.0f}.mp4", seconds, fps=25, size=(width, height))
+            out = Path(tmp) / f"clip{seconds:.0f}.srt"
+            cmd = [sys.executable, "-m", "ffai", "caption", "-i", str(clip), "--model", args.model,
+                   "--fps", str(args.fps), "--window", str(args.window), "--max-new-tokens", str(args.max_new_tokens),
+                   "-o", str(out), "--no-progress"]
+            proc, peak, elapsed = run_measured(cmd)
+            if proc.returncode != 0:
+                print(proc.stderr, file=sys.stderr)
+                return 1
+            cues = out.read_text().count(" --> ")
+            results.append((seconds, peak, elapsed, cues))
+            print(f"{seconds:6.0f} s clip: {cues:4d} cues, peak RSS {peak / 2**20:7.1f} MiB (process tree), {elapsed:6.1f} s")
+    ratio = results[1][1] / results[0][1]
+    print(f"peak RSS ratio {args.seconds[1]:.0f} s / {args.seconds[0]:.0f} s: {ratio:.3f} (target <= 1.10)")
+    return 0 if ratio <= 1.10 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

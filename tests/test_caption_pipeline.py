@@ -1,0 +1,111 @@
+"""The caption path on the worker pipeline: library API, cue order, Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import ffai
+from ffai.captioning import Captioner, CaptionOptions, pipeline_config
+from ffai.engine import DecodingOptions, RuntimeOptions
+from ffai.errors import UsageError
+from media_fixtures import make_clip
+
+
+@pytest.fixture(scope="module")
+def long_clip(tmp_path_factory) -> Path:
+    return make_clip(tmp_path_factory.mktemp("media") / "long.mp4", 120, fps=10, size=(64, 48))
+
+
+def test_library_caption_yields_cues_in_order(tiny_checkpoint, tmp_path):
+    clip = make_clip(tmp_path / "c.mp4", 5, fps=10, size=(64, 48))
+    options = CaptionOptions(model=str(tiny_checkpoint), fps=2, window=2, decoding=DecodingOptions(max_new_tokens=3))
+    cues = list(ffai.caption(clip, options))
+    assert [c.index for c in cues] == [1, 2, 3, 4, 5]
+    assert [c.start_ms for c in cues] == [0, 1000, 2000, 3000, 4000]
+    assert all(c.text == c.text.strip() and c.text for c in cues)
+
+
+def test_pipeline_and_inline_give_the_same_text(tiny_checkpoint, tmp_path):
+    clip = make_clip(tmp_path / "c.mp4", 3, fps=10, size=(64, 48))
+    options = CaptionOptions(model=str(tiny_checkpoint), fps=1, window=2, decoding=DecodingOptions(max_new_tokens=4))
+    from ffai import media
+
+    texts = {}
+    for inline in (True, False):
+        with Captioner(options, inline=inline) as captioner:
+            texts[inline] = [c.text for c in captioner.captions(media.probe(clip))]
+    assert texts[True] == texts[False]
+
+
+def test_threads_are_shared_out_between_workers():
+    from ffai_smolvlm import ENGINE
+
+    config = pipeline_config(ENGINE.stages(), Path("/m"), RuntimeOptions(), cores=4)
+    assert {p.name: p.threads for p in config.processes} == {"vision": 2, "text": 2}
+    config = pipeline_config(ENGINE.stages(), Path("/m"), RuntimeOptions(threads=3), cores=4)
+    assert {p.threads for p in config.processes} == {3}
+    assert [s.name for s in config.stages] == ["preprocess", "vision", "text"]
+    assert config.stage("text").terminal and config.stage("preprocess").next == ("vision",)
+
+
+def test_max_in_flight_is_validated():
+    with pytest.raises(UsageError, match="--max-in-flight"):
+        CaptionOptions(max_in_flight=0)
+
+
+def _descendants(pid: int) -> set[int]:
+    found, stack = set(), [pid]
+    while stack:
+        p = stack.pop()
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            try:
+                kids = [int(c) for c in (task / "children").read_text().split()]
+            except OSError:
+                continue
+            found.update(kids)
+            stack += kids
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(") ")[-1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"  # a zombie has exited; this container's init may not reap it
+
+
+@pytest.mark.slow
+def test_sigint_exits_130_keeps_finished_cues_and_leaves_no_worker(tiny_checkpoint, long_clip, tmp_path):
+    out = tmp_path / "long.jsonl"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ffai", "caption", "-i", str(long_clip), "--model", str(tiny_checkpoint),
+         "--fps", "2", "--window", "1", "--max-new-tokens", "4", "-o", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and (not out.exists() or out.read_text().count("\n") < 2):
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.1)
+    workers = _descendants(proc.pid)
+    assert workers, "the caption run should have worker processes"
+    proc.send_signal(signal.SIGINT)
+    start = time.monotonic()
+    _, err = proc.communicate(timeout=30)
+    assert time.monotonic() - start < 5.0
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    lines = out.read_text().splitlines()
+    assert len(lines) >= 2
+    cues = [json.loads(line) for line in lines]  # every line is a whole cue
+    assert [c["index"] for c in cues] == list(range(1, len(cues) + 1))
+    time.sleep(0.5)
+    assert not [pid for pid in workers if _alive(pid)]
