@@ -1,0 +1,104 @@
+"""The whole Idefics3 model: vision tower -> connector -> image embeddings merged into the text.
+
+Follows transformers' ``Idefics3Model.get_image_features`` (drop all-zero padding tiles, patch
+mask from the pixel mask) and ``Idefics3Model.inputs_merger`` (image embeddings replace the
+``<image>`` token embeddings in order).
+
+A model may hold only some of its parts (``PARTS``): the pipeline's vision worker needs no text
+tower and the text worker no vision tower, so an absent part is ``None`` and costs no memory.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ffai.errors import EngineError
+
+from .config import ModelConfig
+from .connector import Connector
+from .text import KVCache, TextModel
+from .vision import VisionTransformer, patch_mask
+
+
+# "vision" (vision tower + connector) makes image embeddings; "text" (text tower) makes tokens.
+PARTS = ("vision", "text")
+
+
+class Idefics3(nn.Module):
+    def __init__(self, cfg: ModelConfig, parts: tuple[str, ...] = PARTS) -> None:
+        super().__init__()
+        unknown = set(parts) - set(PARTS)
+        if unknown or not parts:
+            raise ValueError(f"parts must be a non-empty subset of {PARTS}, got {parts!r}")
+        self.cfg = cfg
+        self.parts = tuple(p for p in PARTS if p in parts)
+        self.vision = VisionTransformer(cfg.vision) if "vision" in parts else None
+        self.connector = Connector(cfg) if "vision" in parts else None
+        self.text = TextModel(cfg.text, cfg.tie_word_embeddings) if "text" in parts else None
+        # The KV cache kept between requests (see generate.ensure_cache); not part of the weights.
+        self.cache: KVCache | None = None
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.parameters()).dtype
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    def _require(self, part: str) -> None:
+        if part not in self.parts:
+            raise EngineError(f"this model was loaded without its {part} part (parts={self.parts})")
+
+    @torch.no_grad()
+    def encode_images(self, pixel_values: torch.Tensor, pixel_attention_mask: torch.Tensor | None) -> torch.Tensor:
+        """(n_tiles, C, H, W) tiles + (n_tiles, H, W) pixel mask -> (n_real, image_seq_len, text D).
+
+        Leading dims beyond one tile axis (e.g. the processor's (B, n, C, H, W)) are flattened.
+        Tiles that are entirely 0.0 are padding tiles and are dropped, as in the reference.
+        """
+        self._require("vision")
+        pixels = pixel_values.to(self.device, self.dtype).flatten(0, -4)  # (N, C, H, W)
+        if pixel_attention_mask is None:
+            mask = torch.ones(pixels.shape[0], *pixels.shape[2:], dtype=torch.bool, device=pixels.device)
+        else:
+            mask = pixel_attention_mask.to(pixels.device).flatten(0, -3)  # (N, H, W)
+        self._check_tiles(pixels, mask)
+        real = (pixels != 0).flatten(1).any(dim=1)  # (N,) padding tiles are all zeros
+        pixels, mask = pixels[real], mask[real]
+        features = self.vision(pixels, patch_mask(mask, self.cfg.vision.patch_size))  # (N, patches, Dv)
+        return self.connector(features)  # (N, image_seq_len, Dt)
+
+    def _check_tiles(self, pixels: torch.Tensor, mask: torch.Tensor) -> None:
+        vision = self.cfg.vision
+        n, c, h, w = pixels.shape
+        side = vision.patches_per_side
+        if c != vision.num_channels or h // vision.patch_size != side or w // vision.patch_size != side:
+            raise EngineError(
+                f"image tiles of shape {tuple(pixels.shape)} do not match the model's "
+                f"{vision.num_channels}x{vision.image_size}x{vision.image_size} tiles"
+            )
+        if tuple(mask.shape) != (n, h, w):
+            raise EngineError(f"pixel mask of shape {tuple(mask.shape)} does not match tiles {tuple(pixels.shape)}")
+
+    @torch.no_grad()
+    def embed(self, input_ids: torch.Tensor, image_embeds: torch.Tensor | None) -> torch.Tensor:
+        """(B, T) ids -> (B, T, D); image embeddings fill the ``<image>`` positions in order."""
+        self._require("text")
+        input_ids = input_ids.to(self.device)
+        x = self.text.embed_tokens(input_ids)  # (B, T, D)
+        is_image = input_ids == self.cfg.image_token_id  # (B, T)
+        n_slots = int(is_image.sum())
+        n_embeds = 0 if image_embeds is None else image_embeds.shape[0] * image_embeds.shape[1]
+        if image_embeds is not None and image_embeds.shape[-1] != x.shape[-1]:
+            raise EngineError(f"image embeddings have width {image_embeds.shape[-1]}, the text tower {x.shape[-1]}")
+        if n_slots != n_embeds:
+            raise EngineError(
+                f"the prompt has {n_slots} image tokens but the images gave {n_embeds} embeddings "
+                f"({self.cfg.image_seq_len} per tile); prompt and images do not match"
+            )
+        if n_slots == 0:
+            return x
+        flat = image_embeds.to(x.device, x.dtype).reshape(-1, x.shape[-1])  # (n_tiles*image_seq_len, D)
+        return x.masked_scatter(is_image[..., None], flat)

@@ -1,0 +1,194 @@
+"""The Llama text tower of Idefics3, with a preallocated KV cache written by position.
+
+Follows transformers' ``LlamaModel`` / ``LlamaForCausalLM`` where it decides float equality:
+RMSNorm computed in float32 then cast back before the weight; rotate-half RoPE with
+``inv_freq = 1 / theta**(arange(0, hd, 2) / hd)`` and cos/sin built in float32 from the
+positions; q/k/v projected separately, RoPE on q and k, keys and values cached after RoPE; the
+scale ``head_dim**-0.5`` applied inside SDPA; GQA by key/value head groups; SiLU-gated MLP.
+
+The cache follows gpt-fast: one tensor pair per layer, sized once, written at ``input_pos``.
+Unlike gpt-fast, attention reads only the filled prefix ``[:end]`` (no full-length mask), which
+is both cheaper on CPU and the same arithmetic as the reference's growing cache.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import TextConfig
+
+
+class KVCache:
+    """Keys and values for every layer: (B, kv_heads, max_len, head_dim) each, filled by position."""
+
+    def __init__(self, cfg: TextConfig, batch: int, max_len: int, dtype: torch.dtype, device) -> None:
+        shape = (batch, cfg.num_key_value_heads, max_len, cfg.head_dim)
+        # Plain tensors even when first used under torch.inference_mode, so a later call outside
+        # it can still write into them.
+        with torch.inference_mode(False):
+            self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.num_hidden_layers)]
+            self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.num_hidden_layers)]
+
+    @property
+    def batch(self) -> int:
+        return self.k[0].shape[0]
+
+    @property
+    def max_len(self) -> int:
+        return self.k[0].shape[2]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.k[0].dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.k[0].device
+
+    def fits(self, batch: int, length: int, dtype: torch.dtype, device) -> bool:
+        return (
+            self.batch == batch and self.max_len >= length and self.dtype == dtype
+            and self.device == torch.device(device)
+        )
+
+    def update(self, layer: int, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor, end: int):
+        """Write (B, kv_heads, T, hd) at positions ``pos``; return the filled prefix ``[:end]``."""
+        self.k[layer][:, :, pos] = k
+        self.v[layer][:, :, pos] = v
+        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
+
+
+class RMSNorm(nn.Module):
+    """Follows transformers' ``LlamaRMSNorm``."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.to(torch.float32)
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rope_cos_sin(pos: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
+    """(T,) positions -> cos, sin of shape (T, head_dim), as transformers' default Llama RoPE."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=pos.device) / head_dim))
+    freqs = pos.float()[:, None] * inv_freq  # (T, hd/2)
+    emb = torch.cat((freqs, freqs), dim=-1)  # (T, hd): rotate-half layout, not interleaved
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    return x * cos + rotate_half(x) * sin
+
+
+class Attention(nn.Module):
+    """Follows transformers' ``LlamaAttention`` (GQA, RoPE, causal)."""
+
+    def __init__(self, cfg: TextConfig, layer: int) -> None:
+        super().__init__()
+        self.layer = layer
+        self.n_heads, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        bias = cfg.attention_bias
+        self.q_proj = nn.Linear(cfg.hidden_size, self.n_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, cfg.hidden_size, bias=bias)
+
+    def forward(self, x: torch.Tensor, rope: tuple, pos: torch.Tensor, cache: KVCache | None, end: int) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, hd)
+        k = self.k_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)  # (B, Hkv, T, hd)
+        v = self.v_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)  # (B, Hkv, T, hd)
+        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        if cache is not None:
+            k, v = cache.update(self.layer, pos, k, v, end)  # (B, Hkv, end, hd)
+        y = self._attend(q, k, v)
+        y = y.transpose(1, 2).reshape(b, t, -1)  # (B, T, H*hd)
+        return self.o_proj(y)
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        t, end = q.shape[2], k.shape[2]
+        scale = self.head_dim**-0.5
+        gqa = self.n_heads != self.n_kv
+        if t == 1:  # one new token sees every cached position
+            return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=gqa)
+        if t == end:  # a prefill from position 0: plain causal
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
+        # A chunk after earlier positions: query i sits at end - t + i, causal mask aligned bottom-right.
+        mask = torch.ones(t, end, dtype=torch.bool, device=q.device).tril(diagonal=end - t)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
+
+
+class MLP(nn.Module):
+    """Follows transformers' ``LlamaMLP``: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, cfg: TextConfig) -> None:
+        super().__init__()
+        bias = cfg.mlp_bias
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=bias)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=bias)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    """Follows transformers' ``LlamaDecoderLayer``: pre-RMSNorm attention and MLP, each residual."""
+
+    def __init__(self, cfg: TextConfig, layer: int) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, layer)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor, rope: tuple, pos: torch.Tensor, cache: KVCache | None, end: int) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), rope, pos, cache, end)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class TextModel(nn.Module):
+    """Embeddings in, logits out: (B, T, D) at positions ``pos`` (T,) -> (B, T, vocab).
+
+    ``cache=None`` recomputes attention over the given tokens only (they must start at 0);
+    with a cache, the tokens' keys/values are written at ``pos`` and attend to everything before.
+    ``last_only`` projects only the final position to the vocabulary (all generation needs).
+    """
+
+    def __init__(self, cfg: TextConfig, tie_word_embeddings: bool) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.tied = tie_word_embeddings
+        if tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    def forward(
+        self, x: torch.Tensor, pos: torch.Tensor, cache: KVCache | None = None, *, last_only: bool = False
+    ) -> torch.Tensor:
+        rope = rope_cos_sin(pos, self.cfg.head_dim, self.cfg.rope_theta, x.dtype)
+        end = int(pos[-1]) + 1  # positions filled after this step; read once, not per layer (a GPU sync)
+        for layer in self.layers:
+            x = layer(x, rope, pos, cache, end)
+        if last_only:
+            x = x[:, -1:]  # (B, 1, D)
+        return self.lm_head(self.norm(x))
+
+    def new_cache(self, batch: int, max_len: int) -> KVCache:
+        w = self.embed_tokens.weight
+        return KVCache(self.cfg, batch, max_len, w.dtype, w.device)

@@ -1,0 +1,127 @@
+"""The SigLIP-style vision tower of Idefics3.
+
+Follows transformers' ``Idefics3VisionTransformer`` (``modeling_idefics3.py``): patch
+embedding + NaViT-style bucketized position ids for padded / non-square tiles, pre-norm encoder
+layers (q/k/v with bias, attention scale ``head_dim**-0.5`` applied inside SDPA, tanh-GELU MLP),
+and a final ``post_layernorm``. Padded patches are masked out as keys only, like the reference.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import VisionConfig
+
+
+def patch_mask(pixel_attention_mask: torch.Tensor, patch_size: int) -> torch.Tensor:
+    """(N, H, W) pixel mask -> (N, H//p, W//p) bool: a patch is real if any of its pixels is.
+
+    Trailing pixels that do not fill a patch are ignored, as by the conv and the reference's unfold.
+    """
+    n, h, w = pixel_attention_mask.shape
+    h, w = h // patch_size * patch_size, w // patch_size * patch_size
+    grid = pixel_attention_mask[:, :h, :w].reshape(n, h // patch_size, patch_size, w // patch_size, patch_size)
+    return grid.to(torch.bool).any(dim=4).any(dim=2)
+
+
+def position_ids(mask: torch.Tensor, patches_per_side: int) -> torch.Tensor:
+    """(N, h, w) patch mask -> (N, h*w) position ids into the ``patches_per_side``² table.
+
+    The real patches of each tile are spread over the whole table by bucketizing their fractional
+    coordinates (so a half-height tile uses every other row). Padded patches get id 0. Computed
+    with the reference's float32 steps so every id agrees exactly.
+    """
+    n, h, w = mask.shape
+    device = mask.device
+    boundaries = torch.arange(1 / patches_per_side, 1.0, 1 / patches_per_side, device=device)
+    rows = mask[:, :, 0].sum(dim=1)  # (N,) real patch rows
+    cols = mask[:, 0, :].sum(dim=1)  # (N,) real patch columns
+    frac_h = torch.arange(h, device=device, dtype=torch.float32)[None, :] * (1.0 / rows)[:, None]
+    frac_w = torch.arange(w, device=device, dtype=torch.float32)[None, :] * (1.0 / cols)[:, None]
+    bucket_h = torch.bucketize(frac_h.clamp(max=1.0 - 1e-6), boundaries, right=True)  # (N, h)
+    bucket_w = torch.bucketize(frac_w.clamp(max=1.0 - 1e-6), boundaries, right=True)  # (N, w)
+    ids = bucket_h[:, :, None] * patches_per_side + bucket_w[:, None, :]  # (N, h, w)
+    return torch.where(mask.reshape(n, -1), ids.reshape(n, -1), 0)  # (N, h*w)
+
+
+class VisionEmbeddings(nn.Module):
+    """Follows transformers' ``Idefics3VisionEmbeddings``."""
+
+    def __init__(self, cfg: VisionConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.patch_embedding = nn.Conv2d(cfg.num_channels, cfg.hidden_size, cfg.patch_size, stride=cfg.patch_size)
+        self.position_embedding = nn.Embedding(cfg.num_patches, cfg.hidden_size)
+
+    def forward(self, pixels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        x = self.patch_embedding(pixels)  # (N, D, h, w)
+        x = x.flatten(2).transpose(1, 2)  # (N, h*w, D)
+        return x + self.position_embedding(position_ids(mask, self.cfg.patches_per_side))
+
+
+class VisionAttention(nn.Module):
+    """Follows transformers' ``Idefics3VisionAttention`` (SigLIP): bidirectional, biased projections."""
+
+    def __init__(self, cfg: VisionConfig) -> None:
+        super().__init__()
+        d = cfg.hidden_size
+        self.n_heads, self.head_dim = cfg.num_attention_heads, cfg.head_dim
+        self.q_proj = nn.Linear(d, d)
+        self.k_proj = nn.Linear(d, d)
+        self.v_proj = nn.Linear(d, d)
+        self.out_proj = nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
+        n, t, _ = x.shape
+        q = self.q_proj(x).view(n, t, self.n_heads, self.head_dim).transpose(1, 2)  # (N, H, T, hd)
+        k = self.k_proj(x).view(n, t, self.n_heads, self.head_dim).transpose(1, 2)  # (N, H, T, hd)
+        v = self.v_proj(x).view(n, t, self.n_heads, self.head_dim).transpose(1, 2)  # (N, H, T, hd)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, scale=self.head_dim**-0.5)
+        y = y.transpose(1, 2).reshape(n, t, -1)  # (N, T, D)
+        return self.out_proj(y)
+
+
+class VisionMLP(nn.Module):
+    def __init__(self, cfg: VisionConfig) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
+        self.fc2 = nn.Linear(cfg.intermediate_size, cfg.hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
+
+
+class EncoderLayer(nn.Module):
+    """Follows transformers' ``Idefics3EncoderLayer``: pre-LayerNorm attention and MLP, each residual."""
+
+    def __init__(self, cfg: VisionConfig) -> None:
+        super().__init__()
+        self.layer_norm1 = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.self_attn = VisionAttention(cfg)
+        self.layer_norm2 = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.mlp = VisionMLP(cfg)
+
+    def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
+        x = x + self.self_attn(self.layer_norm1(x), key_mask)
+        return x + self.mlp(self.layer_norm2(x))
+
+
+class VisionTransformer(nn.Module):
+    """(N, C, H, W) tiles + (N, H/p, W/p) patch mask -> (N, H/p * W/p, D) patch features."""
+
+    def __init__(self, cfg: VisionConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embeddings = VisionEmbeddings(cfg)
+        self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.post_layernorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+
+    def forward(self, pixels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        x = self.embeddings(pixels, mask)
+        # Without padding no mask at all, so SDPA takes the same unmasked path as the reference.
+        key_mask = None if bool(mask.all()) else mask.reshape(mask.shape[0], 1, 1, -1)  # (N, 1, 1, T)
+        for layer in self.layers:
+            x = layer(x, key_mask)
+        return self.post_layernorm(x)

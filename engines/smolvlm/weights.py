@@ -1,0 +1,197 @@
+"""Load an Idefics3 checkpoint from safetensors into :class:`Idefics3` (after gpt-fast's loader).
+
+Safetensors only (never pickle), memory-mapped through ``safe_open``; the module is built on
+the meta device and each parameter is assigned the checkpoint tensor (cast to the requested
+dtype / device), so no random init runs and no second copy is made for float32 on CPU.
+
+Checkpoint names are mapped by one table, ``WEIGHT_NAMES``, with ``{}`` for the layer index.
+These are the names of the hub checkpoint (saved by transformers 4.46) and also exactly what
+transformers 5.24's ``Idefics3ForConditionalGeneration.save_pretrained`` writes (it has no key
+conversion for Idefics3; checked by ``tests/test_smolvlm_config.py``). Both directions are
+checked: every tensor in the files must map to a parameter, every parameter must be filled,
+shapes must agree; otherwise :class:`ModelError` names the tensor and the file.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import torch
+
+from ffai.errors import ModelError
+
+from .config import ModelConfig
+from .model import PARTS, Idefics3
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+TIED_HEAD = "lm_head.weight"
+
+# checkpoint name -> module name; "{}" is a layer index. Biases a config turns off are simply
+# absent from the module, so a checkpoint that has them fails the "every tensor used" check.
+WEIGHT_NAMES: dict[str, str] = {
+    "model.vision_model.embeddings.patch_embedding.weight": "vision.embeddings.patch_embedding.weight",
+    "model.vision_model.embeddings.patch_embedding.bias": "vision.embeddings.patch_embedding.bias",
+    "model.vision_model.embeddings.position_embedding.weight": "vision.embeddings.position_embedding.weight",
+    "model.vision_model.encoder.layers.{}.layer_norm1.weight": "vision.layers.{}.layer_norm1.weight",
+    "model.vision_model.encoder.layers.{}.layer_norm1.bias": "vision.layers.{}.layer_norm1.bias",
+    "model.vision_model.encoder.layers.{}.self_attn.q_proj.weight": "vision.layers.{}.self_attn.q_proj.weight",
+    "model.vision_model.encoder.layers.{}.self_attn.q_proj.bias": "vision.layers.{}.self_attn.q_proj.bias",
+    "model.vision_model.encoder.layers.{}.self_attn.k_proj.weight": "vision.layers.{}.self_attn.k_proj.weight",
+    "model.vision_model.encoder.layers.{}.self_attn.k_proj.bias": "vision.layers.{}.self_attn.k_proj.bias",
+    "model.vision_model.encoder.layers.{}.self_attn.v_proj.weight": "vision.layers.{}.self_attn.v_proj.weight",
+    "model.vision_model.encoder.layers.{}.self_attn.v_proj.bias": "vision.layers.{}.self_attn.v_proj.bias",
+    "model.vision_model.encoder.layers.{}.self_attn.out_proj.weight": "vision.layers.{}.self_attn.out_proj.weight",
+    "model.vision_model.encoder.layers.{}.self_attn.out_proj.bias": "vision.layers.{}.self_attn.out_proj.bias",
+    "model.vision_model.encoder.layers.{}.layer_norm2.weight": "vision.layers.{}.layer_norm2.weight",
+    "model.vision_model.encoder.layers.{}.layer_norm2.bias": "vision.layers.{}.layer_norm2.bias",
+    "model.vision_model.encoder.layers.{}.mlp.fc1.weight": "vision.layers.{}.mlp.fc1.weight",
+    "model.vision_model.encoder.layers.{}.mlp.fc1.bias": "vision.layers.{}.mlp.fc1.bias",
+    "model.vision_model.encoder.layers.{}.mlp.fc2.weight": "vision.layers.{}.mlp.fc2.weight",
+    "model.vision_model.encoder.layers.{}.mlp.fc2.bias": "vision.layers.{}.mlp.fc2.bias",
+    "model.vision_model.post_layernorm.weight": "vision.post_layernorm.weight",
+    "model.vision_model.post_layernorm.bias": "vision.post_layernorm.bias",
+    "model.connector.modality_projection.proj.weight": "connector.modality_projection.proj.weight",
+    "model.text_model.embed_tokens.weight": "text.embed_tokens.weight",
+    "model.text_model.layers.{}.input_layernorm.weight": "text.layers.{}.input_layernorm.weight",
+    "model.text_model.layers.{}.self_attn.q_proj.weight": "text.layers.{}.self_attn.q_proj.weight",
+    "model.text_model.layers.{}.self_attn.q_proj.bias": "text.layers.{}.self_attn.q_proj.bias",
+    "model.text_model.layers.{}.self_attn.k_proj.weight": "text.layers.{}.self_attn.k_proj.weight",
+    "model.text_model.layers.{}.self_attn.k_proj.bias": "text.layers.{}.self_attn.k_proj.bias",
+    "model.text_model.layers.{}.self_attn.v_proj.weight": "text.layers.{}.self_attn.v_proj.weight",
+    "model.text_model.layers.{}.self_attn.v_proj.bias": "text.layers.{}.self_attn.v_proj.bias",
+    "model.text_model.layers.{}.self_attn.o_proj.weight": "text.layers.{}.self_attn.o_proj.weight",
+    "model.text_model.layers.{}.self_attn.o_proj.bias": "text.layers.{}.self_attn.o_proj.bias",
+    "model.text_model.layers.{}.post_attention_layernorm.weight": "text.layers.{}.post_attention_layernorm.weight",
+    "model.text_model.layers.{}.mlp.gate_proj.weight": "text.layers.{}.mlp.gate_proj.weight",
+    "model.text_model.layers.{}.mlp.gate_proj.bias": "text.layers.{}.mlp.gate_proj.bias",
+    "model.text_model.layers.{}.mlp.up_proj.weight": "text.layers.{}.mlp.up_proj.weight",
+    "model.text_model.layers.{}.mlp.up_proj.bias": "text.layers.{}.mlp.up_proj.bias",
+    "model.text_model.layers.{}.mlp.down_proj.weight": "text.layers.{}.mlp.down_proj.weight",
+    "model.text_model.layers.{}.mlp.down_proj.bias": "text.layers.{}.mlp.down_proj.bias",
+    "model.text_model.norm.weight": "text.norm.weight",
+    "lm_head.weight": "text.lm_head.weight",
+}
+
+
+def _pattern(template: str) -> re.Pattern:
+    return re.compile(re.escape(template).replace(r"\{\}", r"(\d+)") + "$")
+
+
+_TO_MODULE = [(_pattern(ckpt), module) for ckpt, module in WEIGHT_NAMES.items()]
+_TO_CHECKPOINT = [(_pattern(module), ckpt) for ckpt, module in WEIGHT_NAMES.items()]
+
+
+def _rename(name: str, table: list) -> str | None:
+    for pattern, target in table:
+        m = pattern.match(name)
+        if m:
+            return target.replace("{}", m.group(1)) if m.groups() else target
+    return None
+
+
+def module_name(checkpoint_name: str) -> str | None:
+    """The parameter a checkpoint tensor fills, or None if the table has no entry for it."""
+    return _rename(checkpoint_name, _TO_MODULE)
+
+
+def checkpoint_name(module_param: str) -> str | None:
+    return _rename(module_param, _TO_CHECKPOINT)
+
+
+def weight_files(model_dir: Path) -> list[Path]:
+    """The safetensors files of a checkpoint folder: the shards of an index, or the single file."""
+    index = model_dir / INDEX_FILE
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            names = sorted(set(weight_map.values()))
+        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ModelError(f"{index}: not a valid safetensors index: {e}") from e
+        files = [model_dir / name for name in names]
+        for f in files:
+            if not f.is_file():
+                raise ModelError(f"{index}: lists shard {f.name}, which is missing")
+        return files
+    single = model_dir / SINGLE_FILE
+    if single.is_file():
+        return [single]
+    others = sorted(p.name for p in model_dir.glob("*.bin")) + sorted(p.name for p in model_dir.glob("*.pt*"))
+    hint = f" (found {', '.join(others)}; pickle checkpoints are not loaded)" if others else ""
+    raise ModelError(f"{model_dir}: no {SINGLE_FILE} or {INDEX_FILE}{hint}")
+
+
+class _Filler:
+    """Reads checkpoint files into a state dict for one model, checking names and shapes.
+
+    ``params`` are every parameter of the full model (shapes, on the meta device): each tensor is
+    checked against them, and only those named in ``wanted`` are read into memory.
+    """
+
+    def __init__(self, params: dict, wanted: set, dtype: torch.dtype, device, tied: bool) -> None:
+        self.params, self.wanted, self.dtype, self.device, self.tied = params, wanted, dtype, device, tied
+        self.state: dict[str, torch.Tensor] = {}
+        self.seen: set[str] = set()
+
+    def read(self, path: Path) -> None:
+        from safetensors import SafetensorError, safe_open
+
+        try:
+            with safe_open(str(path), framework="pt", device="cpu") as f:
+                for name in f.keys():
+                    self._take(path, f, name)
+        except (SafetensorError, OSError, RuntimeError, ValueError) as e:
+            raise ModelError(f"{path}: not a readable safetensors file: {e}") from e
+
+    def _take(self, path: Path, f, name: str) -> None:
+        if self.tied and name == TIED_HEAD:
+            return  # the head is the embedding matrix; a stored copy is redundant
+        target = module_name(name)
+        if target is None or target not in self.params:
+            raise ModelError(f"{path}: tensor {name} has no place in the model (unexpected tensor)")
+        if target in self.seen:
+            raise ModelError(f"{path}: tensor {name} appears twice in the checkpoint")
+        self.seen.add(target)
+        expected = tuple(self.params[target].shape)
+        found = tuple(f.get_slice(name).get_shape())
+        if found != expected:
+            raise ModelError(f"{path}: tensor {name} has shape {list(found)}, expected {list(expected)}")
+        if target in self.wanted:
+            self.state[target] = f.get_tensor(name).to(device=self.device, dtype=self.dtype)
+
+    def missing(self) -> list[str]:
+        return [checkpoint_name(name) or name for name in self.params if name not in self.seen]
+
+
+def load_model(
+    model_dir: Path | str, *, dtype: torch.dtype = torch.float32, device="cpu", parts: tuple[str, ...] = PARTS
+) -> Idefics3:
+    """Build :class:`Idefics3` from a checkpoint folder (config.json + safetensors).
+
+    ``parts`` picks what to hold in memory ("vision", "text"); the whole checkpoint is checked
+    either way, so a folder loads for one part exactly when it loads for all.
+    """
+    model_dir = Path(model_dir)
+    cfg = ModelConfig.from_dir(model_dir)
+    with torch.device("meta"):
+        full = Idefics3(cfg)
+        model = Idefics3(cfg, parts)
+    # named_parameters lists a tied head once, as the embedding.
+    wanted = {name for name, _ in model.named_parameters()}
+    filler = _Filler(dict(full.named_parameters()), wanted, dtype, device, cfg.tie_word_embeddings)
+    for path in weight_files(model_dir):
+        filler.read(path)
+    missing = filler.missing()
+    if missing:
+        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        raise ModelError(f"{model_dir}: checkpoint is missing tensor(s) {shown}")
+    state = filler.state
+    tie = cfg.tie_word_embeddings and "text" in model.parts
+    if tie:
+        state["text.lm_head.weight"] = state["text.embed_tokens.weight"]
+    model.load_state_dict(state, strict=True, assign=True)
+    if tie:
+        model.text.lm_head.weight = model.text.embed_tokens.weight  # assign=True made two Parameters
+    return model.eval().requires_grad_(False)

@@ -1,0 +1,280 @@
+"""Config parsing, other model shapes against transformers, and weight-loading errors."""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+import checkpoints
+from ffai.errors import ModelError
+from ffai_smolvlm.config import ModelConfig
+from ffai_smolvlm.weights import WEIGHT_NAMES, checkpoint_name, load_model
+
+REAL_CONFIG = checkpoints.REPO / "tests" / "data" / "smolvlm-256m-instruct" / "config.json"
+
+
+def real_dict() -> dict:
+    return json.loads(REAL_CONFIG.read_text())
+
+
+# --- config.json ---------------------------------------------------------------------------
+
+
+def test_real_config_values():
+    cfg = ModelConfig.from_dir(REAL_CONFIG.parent)
+    assert (cfg.vision.hidden_size, cfg.vision.num_hidden_layers, cfg.vision.patch_size) == (768, 12, 16)
+    assert (cfg.vision.image_size, cfg.vision.hidden_act, cfg.vision.layer_norm_eps) == (512, "gelu_pytorch_tanh", 1e-6)
+    t = cfg.text
+    assert (t.hidden_size, t.num_hidden_layers, t.num_attention_heads, t.num_key_value_heads) == (576, 30, 9, 3)
+    assert (t.head_dim, t.rope_theta, t.rms_norm_eps, t.vocab_size) == (64, 100000.0, 1e-5, 49280)
+    assert (t.max_position_embeddings, t.kv_groups) == (8192, 3)
+    assert cfg.tie_word_embeddings is False and t.tie_word_embeddings is False
+    assert (cfg.scale_factor, cfg.image_token_id, cfg.image_seq_len, cfg.connector_in_features) == (4, 49190, 64, 12288)
+
+
+def test_tiny_geometry_is_derived(tiny_checkpoint):
+    cfg = ModelConfig.from_dir(tiny_checkpoint)
+    assert (cfg.vision.image_size, cfg.vision.patch_size, cfg.scale_factor, cfg.image_seq_len) == (64, 8, 2, 16)
+    assert cfg.text.rope_theta == 10000.0  # written by transformers 5.x as rope_parameters
+    assert "rope_parameters" in json.loads((tiny_checkpoint / "config.json").read_text())["text_config"]
+
+
+def test_both_rope_layouts_agree():
+    old = real_dict()
+    new = copy.deepcopy(old)
+    new["text_config"].pop("rope_theta")
+    new["text_config"]["rope_parameters"] = {"rope_type": "default", "rope_theta": 100000}
+    assert ModelConfig.from_dict(old) == ModelConfig.from_dict(new)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [("text_config", "hidden_size"), ("vision_config", "patch_size"), ("scale_factor",), ("text_config", "rope_theta"),
+     ("image_token_id",), ("vision_config",)],
+)
+def test_missing_key_names_file_and_key(path):
+    d = real_dict()
+    section = d
+    for key in path[:-1]:
+        section = section[key]
+    del section[path[-1]]
+    with pytest.raises(ModelError, match=r"myckpt/config\.json: missing required key " + r"\.".join(path)):
+        ModelConfig.from_dict(d, source="myckpt/config.json")
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda d: d.update(model_type="llava"), "model_type 'llava' is not supported"),
+        (lambda d: d.pop("model_type"), "missing required key model_type"),
+        (lambda d: d["text_config"].update(model_type="mistral"), "text_config: model_type 'mistral'"),
+        (lambda d: d["text_config"].update(rope_scaling={"type": "linear", "factor": 2}), "rope_scaling"),
+        (lambda d: d["text_config"].update(hidden_act="gelu"), "hidden_act 'gelu' is not supported"),
+        (lambda d: d["text_config"].update(num_key_value_heads=4), "num_key_value_heads"),
+        (lambda d: d["vision_config"].update(hidden_size="768"), "vision_config.hidden_size must be int"),
+        (lambda d: d.update(scale_factor=5), "scale_factor"),
+    ],
+)
+def test_unsupported_or_malformed_config(edit, message):
+    d = real_dict()
+    edit(d)
+    with pytest.raises(ModelError, match=message):
+        ModelConfig.from_dict(d, source="x/config.json")
+
+
+def test_unreadable_config_files(tmp_path):
+    with pytest.raises(ModelError, match="no config.json"):
+        ModelConfig.from_dir(tmp_path)
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(ModelError, match=r"config\.json: cannot read config"):
+        ModelConfig.from_dir(tmp_path)
+
+
+# --- other shapes, same code, against transformers -----------------------------------------
+
+
+def variant_500m_like() -> dict:
+    """SmolVLM-500M text widths (960 hidden, 15 heads / 5 kv heads) with a SigLIP-384/14 tile and
+    scale factor 3 (27 patches per side, 81 image tokens per tile); two layers per tower."""
+    d = real_dict()
+    d["text_config"].update(num_hidden_layers=2, hidden_size=960, intermediate_size=2560, num_attention_heads=15,
+                            num_key_value_heads=5, head_dim=64, vocab_size=2048)
+    d["vision_config"].update(num_hidden_layers=2, patch_size=14, image_size=384)
+    d.update(scale_factor=3, image_token_id=2000, vocab_size=2048)
+    return d
+
+
+def variant_tied_biased() -> dict:
+    """Tied head, q/k/v/o and MLP biases, no GQA, odd rope theta, 4.46-style config."""
+    d = real_dict()
+    d["text_config"].update(num_hidden_layers=2, hidden_size=96, intermediate_size=160, num_attention_heads=3,
+                            num_key_value_heads=3, head_dim=32, vocab_size=1024, rope_theta=5000.0,
+                            attention_bias=True, mlp_bias=True, tie_word_embeddings=True)
+    d["vision_config"].update(num_hidden_layers=1, hidden_size=48, intermediate_size=96, num_attention_heads=4,
+                              patch_size=4, image_size=32)
+    d.update(scale_factor=2, image_token_id=1000, vocab_size=1024, tie_word_embeddings=True)
+    return d
+
+
+def save_reference(config: dict, out: Path, seed: int = 0):
+    ref = checkpoints.writer().build_model(config, seed)
+    ref.save_pretrained(out, safe_serialization=True)
+    return ref
+
+
+def random_inputs(cfg: ModelConfig, n_tiles: int, seed: int = 0):
+    """Tiles in [-1, 1]; the last one padded (only its top-left part real), ids with image slots."""
+    gen = torch.Generator().manual_seed(seed)
+    size = cfg.vision.image_size
+    pixels = torch.rand(1, n_tiles, 3, size, size, generator=gen) * 2 - 1
+    mask = torch.ones(1, n_tiles, size, size, dtype=torch.long)
+    h, w = size * 2 // 3, size // 2 + 1
+    mask[0, -1], pixels[0, -1] = 0, 0.0
+    mask[0, -1, :h, :w] = 1
+    pixels[0, -1, :, :h, :w] = torch.rand(3, h, w, generator=gen) * 2 - 1
+    text = torch.randint(0, cfg.image_token_id, (n_tiles + 1, 5), generator=gen)
+    image = torch.full((n_tiles, cfg.image_seq_len), cfg.image_token_id)
+    ids = torch.cat([text[0]] + [torch.cat([image[i], text[i + 1]]) for i in range(n_tiles)])[None]
+    return pixels, mask, ids
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max() / b.abs().max())
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("variant", [variant_500m_like, variant_tied_biased])
+def test_other_shapes_match_reference(variant, tmp_path):
+    ref = save_reference(variant(), tmp_path)
+    model = load_model(tmp_path)
+    cfg = model.cfg
+    pixels, mask, ids = random_inputs(cfg, n_tiles=2)
+    with torch.no_grad():
+        theirs = torch.cat(ref.model.get_image_features(pixels, mask).pooler_output)
+        ours = model.encode_images(pixels, mask)
+        assert ours.shape == (2, cfg.image_seq_len, cfg.text.hidden_size)
+        assert rel_err(ours.reshape(theirs.shape), theirs) <= 1e-5
+        want = ref(input_ids=ids, pixel_values=pixels, pixel_attention_mask=mask).logits
+        got = model.text(model.embed(ids, ours), torch.arange(ids.shape[1]))
+    assert (got - want).abs().max() <= 1e-4
+
+
+def test_tied_checkpoint_has_no_head_and_shares_it(tmp_path):
+    save_reference(variant_tied_biased(), tmp_path)
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "model.safetensors"), "pt") as f:
+        assert "lm_head.weight" not in f.keys()
+    model = load_model(tmp_path)
+    assert model.text.lm_head.weight is model.text.embed_tokens.weight
+
+
+# --- weights: the name table and error paths -----------------------------------------------
+
+
+def test_saved_names_match_the_table_both_ways(tiny_checkpoint):
+    """transformers 5.24's save_pretrained writes exactly the table's names (no conversion)."""
+    from safetensors import safe_open
+
+    with safe_open(str(tiny_checkpoint / "model.safetensors"), "pt") as f:
+        saved = set(f.keys())
+    model = load_model(tiny_checkpoint)
+    expected = {checkpoint_name(name) for name, _ in model.named_parameters()}
+    assert saved == expected
+    prefixes = {k.split(".{}")[0].split(".")[0] for k in WEIGHT_NAMES}
+    assert prefixes == {"model", "lm_head"}
+
+
+@pytest.fixture()
+def tiny_copy(tiny_checkpoint, tmp_path) -> Path:
+    out = tmp_path / "ckpt"
+    shutil.copytree(tiny_checkpoint, out)
+    return out
+
+
+def rewrite(path: Path, edit) -> None:
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(path)
+    edit(tensors)
+    save_file(tensors, path, metadata={"format": "pt"})
+
+
+def test_truncated_safetensors(tiny_copy):
+    f = tiny_copy / "model.safetensors"
+    f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    with pytest.raises(ModelError, match=r"model\.safetensors: not a readable safetensors file"):
+        load_model(tiny_copy)
+
+
+def test_garbage_safetensors(tiny_copy):
+    (tiny_copy / "model.safetensors").write_bytes(b"\x00\x01garbage" * 100)
+    with pytest.raises(ModelError, match=r"model\.safetensors"):
+        load_model(tiny_copy)
+
+
+def test_missing_tensor(tiny_copy):
+    rewrite(tiny_copy / "model.safetensors", lambda t: t.pop("model.text_model.layers.1.mlp.up_proj.weight"))
+    with pytest.raises(ModelError, match=r"missing tensor\(s\) model\.text_model\.layers\.1\.mlp\.up_proj\.weight"):
+        load_model(tiny_copy)
+
+
+def test_a_part_load_still_checks_the_whole_checkpoint(tiny_copy):
+    rewrite(tiny_copy / "model.safetensors", lambda t: t.pop("model.vision_model.post_layernorm.bias"))
+    with pytest.raises(ModelError, match=r"missing tensor\(s\) model\.vision_model\.post_layernorm\.bias"):
+        load_model(tiny_copy, parts=("text",))
+
+
+@pytest.mark.parametrize(
+    "extra", ["model.text_model.layers.2.mlp.up_proj.weight", "model.text_model.layers.0.self_attn.q_proj.bias",
+              "model.perceiver.latents"]
+)
+def test_unexpected_tensor(tiny_copy, extra):
+    rewrite(tiny_copy / "model.safetensors", lambda t: t.update({extra: torch.zeros(3)}))
+    with pytest.raises(ModelError, match=rf"model\.safetensors: tensor {extra.replace('.', '[.]')} has no place"):
+        load_model(tiny_copy)
+
+
+def test_wrong_shape(tiny_copy):
+    name = "model.connector.modality_projection.proj.weight"
+    rewrite(tiny_copy / "model.safetensors", lambda t: t.update({name: torch.zeros(64, 100)}))
+    with pytest.raises(ModelError, match=rf"tensor {name} has shape \[64, 100\], expected \[64, 128\]"):
+        load_model(tiny_copy)
+
+
+def test_no_weights_refuses_pickle(tiny_copy):
+    (tiny_copy / "model.safetensors").rename(tiny_copy / "pytorch_model.bin")
+    with pytest.raises(ModelError, match="pickle checkpoints are not loaded"):
+        load_model(tiny_copy)
+
+
+def test_sharded_checkpoint_loads_the_same(tiny_copy):
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(tiny_copy / "model.safetensors")
+    (tiny_copy / "model.safetensors").unlink()
+    names = sorted(tensors)
+    shards = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    weight_map = {}
+    for shard, keys in shards.items():
+        save_file({k: tensors[k] for k in keys}, tiny_copy / shard, metadata={"format": "pt"})
+        weight_map.update({k: shard for k in keys})
+    (tiny_copy / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    model = load_model(tiny_copy)
+    for name, param in model.named_parameters():
+        assert torch.equal(param, tensors[checkpoint_name(name)])
+    (tiny_copy / "model-00002-of-00002.safetensors").unlink()
+    with pytest.raises(ModelError, match="lists shard model-00002-of-00002.safetensors, which is missing"):
+        load_model(tiny_copy)
+
+
+def test_loads_on_meta_then_fills_everything(tiny_checkpoint):
+    model = load_model(tiny_checkpoint, dtype=torch.bfloat16)
+    tensors = list(model.parameters()) + list(model.buffers())
+    assert all(t.device.type == "cpu" and t.dtype == torch.bfloat16 for t in tensors)
+    assert not any(p.requires_grad for p in model.parameters())
