@@ -22,7 +22,8 @@ if TYPE_CHECKING:  # pragma: no cover
 INFO = EngineInfo(
     name="smolvlm",
     task="vlm",
-    status="experimental",
+    # stable: gated token for token against transformers (tests/test_smolvlm_*.py, oracle marker)
+    status="stable",
     description="SmolVLM / Idefics3 in plain PyTorch: SigLIP tower, pixel-shuffle connector, llama text tower",
     default_model="smolvlm-256m-instruct",
 )
