@@ -19,6 +19,7 @@ it is working on (for example from a per-token callback); once that request is a
 
 from __future__ import annotations
 
+import abc
 import collections
 import queue
 import threading
@@ -71,7 +72,7 @@ class BoundedSet:
             return item in self._items
 
 
-class Scheduler:
+class Scheduler(abc.ABC):
     """Base: the queues, the stop flag, the aborted set and the loop skeleton."""
 
     def __init__(self) -> None:
@@ -94,8 +95,9 @@ class Scheduler:
         # The loop sees this too, so it can drop queued work and per-request state.
         self.inbox.put(Message(ABORT, request_id))
 
+    @abc.abstractmethod
     def handle(self, msg: Message) -> None:
-        raise NotImplementedError
+        """Act on one inbox message (new request, stream chunk/done, abort)."""
 
     def is_aborted(self, request_id: Any) -> bool:
         return request_id in self._aborted
@@ -271,8 +273,9 @@ class StreamingScheduler(Scheduler):
     def on_chunk(self, request_id: Any, chunk: Any, state: StreamState) -> None:
         state.chunks.append(chunk)
 
+    @abc.abstractmethod
     def on_finish(self, request_id: Any, payload: Any, state: StreamState) -> Any:
-        raise NotImplementedError
+        """The request's result, once its stream is done."""
 
     def emit(self, request_id: Any, chunk: Any) -> None:
         self.put_chunk(request_id, chunk)

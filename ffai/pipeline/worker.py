@@ -16,7 +16,6 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
-import pickle
 import queue
 import signal
 import sys
@@ -62,7 +61,7 @@ class Channel:
             data = self.queue.get(timeout=timeout)
         except queue.Empty:
             return None
-        return pickle.loads(data)
+        return ForkingPickler.loads(data)
 
     def close(self) -> None:
         # Never wait at exit for data nobody will read (a dead worker's inbox).
