@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -192,3 +193,44 @@ def test_runtime_never_imports_transformers(tmp_path, image, tiny_checkpoint):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip()
+
+
+def _broken_checkpoint(src: Path, dst: Path, kind: str) -> tuple[Path, str]:
+    """A copy of a good checkpoint with one thing wrong; returns it and the file to be named."""
+    shutil.copytree(src, dst)
+    if kind == "no-config":
+        (dst / "config.json").unlink()
+        return dst, "config.json"
+    if kind == "other-architecture":
+        config = json.loads((dst / "config.json").read_text())
+        config["model_type"] = "llava"
+        (dst / "config.json").write_text(json.dumps(config))
+        return dst, "config.json"
+    if kind == "truncated-weights":
+        weights = dst / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+        return dst, "model.safetensors"
+    if kind == "tokenizer-without-image-tokens":
+        tok = json.loads((dst / "tokenizer.json").read_text())
+        tok["added_tokens"] = [t for t in tok["added_tokens"] if t["content"] != "<image>"]
+        (dst / "tokenizer.json").write_text(json.dumps(tok))
+        return dst, "tokenizer.json"
+    raise ValueError(kind)
+
+
+@pytest.mark.parametrize("kind", ["no-config", "other-architecture", "truncated-weights", "tokenizer-without-image-tokens"])
+def test_broken_checkpoint_is_one_line_naming_the_file(kind, capsys, image, tiny_checkpoint, tmp_path):
+    model, culprit = _broken_checkpoint(tiny_checkpoint, tmp_path / "model", kind)
+    code, out, err = caption(capsys, "-i", str(image), "--model", str(model), "--max-new-tokens", "2")
+    assert code == 1, err
+    one_error_line(err, culprit)
+    assert out == ""
+
+
+@pytest.mark.parametrize("size", [(16385, 8), (8, 20000)])
+def test_oversized_image_is_refused_before_allocating(size, capsys, tiny_checkpoint, tmp_path):
+    path = tmp_path / "huge.png"
+    Image.new("1", size).save(path)  # 1-bit: tiny on disk and in memory
+    code, _, err = caption(capsys, "-i", str(path), "--model", str(tiny_checkpoint))
+    assert code == 1
+    one_error_line(err, "16384")

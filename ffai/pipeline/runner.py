@@ -24,6 +24,7 @@ import time
 import traceback
 from typing import Any
 
+from ffai.errors import FfaiError
 from ffai.pipeline.config import PipelineConfig
 from ffai.pipeline.errors import PipelineStartError
 from ffai.pipeline.messages import FAILED, READY, Message
@@ -101,12 +102,12 @@ class ProcessRunner:
         if msg.kind == READY:
             waiting.discard(msg.source)
         elif msg.kind == FAILED:
-            raise PipelineStartError(f"worker {msg.source!r} failed to start:\n{msg.data}")
+            raise start_failure(msg)
 
     def _raise_dead_at_start(self, w: str) -> None:
         msg = self._results.get(timeout=_FAILED_REPORT_GRACE_S)
         if msg is not None and msg.kind == FAILED:
-            raise PipelineStartError(f"worker {msg.source!r} failed to start:\n{msg.data}")
+            raise start_failure(msg)
         code = self._procs[w].exitcode
         raise PipelineStartError(f"worker {w!r} exited with code {code} before reporting ready")
 
@@ -156,6 +157,17 @@ class ProcessRunner:
         self._inboxes, self._results = {}, None
 
 
+def start_failure(msg: Message) -> Exception:
+    """The error to raise for a worker's FAILED report: its own FfaiError if it raised one
+    (with the worker's traceback as a note, shown by ``-v``), else its traceback text."""
+    text, cause = msg.data
+    if cause is not None:
+        if hasattr(cause, "add_note"):
+            cause.add_note(f"in worker {msg.source!r}:\n{text}")
+        return cause
+    return PipelineStartError(f"worker {msg.source!r} failed to start:\n{text}")
+
+
 class InlineRunner:
     """Every stage as threads of this process, through plain ``queue.Queue`` s: payloads
     pass by reference. Process ``init`` functions run here, once each; if any process
@@ -187,6 +199,9 @@ class InlineRunner:
                 run_init(process)
             host.build()
             host.start()
+        except FfaiError:
+            host.stop()
+            raise
         except Exception as e:
             host.stop()
             raise PipelineStartError(f"inline pipeline failed to start:\n{traceback.format_exc()}") from e

@@ -25,6 +25,7 @@ import traceback
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, Callable
 
+from ffai.errors import FfaiError
 from ffai.pipeline.config import PipelineConfig, ProcessConfig, StageConfig, resolve
 from ffai.pipeline.errors import ConfigError
 from ffai.pipeline.messages import ABORT, CALLER, FAILED, READY, STATS, Message
@@ -189,8 +190,11 @@ def worker_main(
         run_init(process)
         host.build()
         host.start()
-    except BaseException:
-        out.put(Message(FAILED, None, traceback.format_exc(), name))
+    except BaseException as e:
+        # An FfaiError (a bad checkpoint, say) travels as itself, so the user reads its own
+        # one-line message; anything else is reported by its traceback text.
+        cause = e if isinstance(e, FfaiError) else None
+        out.put(Message(FAILED, None, (traceback.format_exc(), cause), name))
         results.close()
         results.join_thread()  # the traceback must reach the parent before we exit
         os._exit(1)

@@ -258,3 +258,15 @@ def test_tensors_cross_processes_through_shared_memory(tmp_path, shm_clean, no_o
         for future in futures:
             with pytest.raises(WorkerDied, match="'doubler'"):
                 future.result(timeout=5)
+
+
+def test_a_worker_ffai_error_travels_as_itself(shm_clean, no_orphans) -> None:
+    from ffai.errors import ModelError
+
+    config = PipelineConfig([StageConfig("bad", toy.ref("model_error_factory"), terminal=True)])
+    pipe = Coordinator(config, start_timeout=RESULT_TIMEOUT)
+    with pytest.raises(ModelError) as caught:
+        pipe.start()
+    assert str(caught.value) == "/m/model.safetensors: truncated"
+    assert any("Traceback" in note for note in getattr(caught.value, "__notes__", []))
+    no_orphans.extend(pipe.worker_pids().values())

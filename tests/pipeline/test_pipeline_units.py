@@ -273,3 +273,12 @@ def test_inline_factory_failure_raises_with_traceback() -> None:
     with pytest.raises(PipelineStartError, match="no weights here") as caught:
         Coordinator(config, inline=True).start()
     assert "Traceback" in str(caught.value)
+
+
+def test_a_factory_ffai_error_travels_as_itself() -> None:
+    from ffai.errors import ModelError
+
+    config = PipelineConfig([StageConfig("bad", toy.ref("model_error_factory"), terminal=True)])
+    with pytest.raises(ModelError) as caught:
+        Coordinator(config, inline=True).start()
+    assert str(caught.value) == "/m/model.safetensors: truncated"

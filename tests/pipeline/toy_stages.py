@@ -236,3 +236,9 @@ def tensor_config() -> PipelineConfig:
             ProcessConfig("doubler", threads=2),
         ],
     )
+
+
+def model_error_factory() -> None:
+    from ffai.errors import ModelError
+
+    raise ModelError("/m/model.safetensors: truncated")
