@@ -43,10 +43,16 @@ def prefill(model: Idefics3, x: torch.Tensor, cache: KVCache) -> torch.Tensor:
     return model.text(x, pos, cache, last_only=True)[:, -1]
 
 
-def decode_one_token(model: Idefics3, token: torch.Tensor, pos: int, cache: KVCache) -> torch.Tensor:
-    """(B,) token ids at position ``pos`` -> (B, vocab) logits for the token after."""
+def decode_one_token(
+    model: Idefics3, token: torch.Tensor, pos: int, cache: KVCache, positions: torch.Tensor | None = None
+) -> torch.Tensor:
+    """(B,) token ids at position ``pos`` -> (B, vocab) logits for the token after.
+
+    ``positions`` (an ``arange`` covering ``pos``) saves building a position tensor per step.
+    """
     x = model.text.embed_tokens(token[:, None])  # (B, 1, D)
-    return model.text(x, torch.tensor([pos], device=x.device), cache)[:, -1]
+    pos_t = positions[pos : pos + 1] if positions is not None else torch.tensor([pos], device=x.device)
+    return model.text(x, pos_t, cache)[:, -1]
 
 
 def decode_n_tokens(
@@ -63,6 +69,7 @@ def decode_n_tokens(
 ) -> list[int]:
     """Up to ``n`` tokens from the prefill's ``logits``; the next token goes in at ``pos``."""
     stops = torch.tensor(sorted(set(stop_ids)), dtype=torch.long, device=logits.device)
+    positions = torch.arange(pos + n, device=logits.device)  # every position this call can reach
     tokens: list[int] = []
     while True:
         if force and stops.numel():
@@ -76,7 +83,7 @@ def decode_n_tokens(
             on_token(value)
         if len(tokens) == n:
             return tokens
-        logits = decode_one_token(model, token, pos, cache)
+        logits = decode_one_token(model, token, pos, cache, positions)
         pos += 1
 
 

@@ -38,6 +38,15 @@ class Idefics3(nn.Module):
         self.text = TextModel(cfg.text, cfg.tie_word_embeddings) if "text" in parts else None
         # The KV cache kept between requests (see generate.ensure_cache); not part of the weights.
         self.cache: KVCache | None = None
+        # Loading weights (weights.load_model) ends by fusing projections that share an input.
+        self.register_load_state_dict_post_hook(lambda module, _incompatible: module.fuse())
+
+    def fuse(self) -> None:
+        """One matmul where the reference runs several on the same input (bit-identical results)."""
+        if self.vision is not None:
+            self.vision.fuse()
+        if self.text is not None:
+            self.text.fuse()
 
     @property
     def dtype(self) -> torch.dtype:

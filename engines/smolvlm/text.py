@@ -9,6 +9,12 @@ scale ``head_dim**-0.5`` applied inside SDPA; GQA by key/value head groups; SiLU
 The cache follows gpt-fast: one tensor pair per layer, sized once, written at ``input_pos``.
 Unlike gpt-fast, attention reads only the filled prefix ``[:end]`` (no full-length mask), which
 is both cheaper on CPU and the same arithmetic as the reference's growing cache.
+
+Work the reference repeats and we do once: q/k/v and gate/up each run as one matmul over a
+fused weight (``fuse_linears``; the per-output-column dot products are unchanged, so the result
+is bit-identical on MKL, checked by tests/test_smolvlm_fast_paths.py), the RoPE cos/sin rows come
+from a table built once per model, and a contiguous run of positions is written to the cache by
+slice instead of by index.
 """
 
 from __future__ import annotations
@@ -53,11 +59,42 @@ class KVCache:
             and self.device == torch.device(device)
         )
 
-    def update(self, layer: int, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor, end: int):
-        """Write (B, kv_heads, T, hd) at positions ``pos``; return the filled prefix ``[:end]``."""
+    def update(self, layer: int, pos: torch.Tensor | slice, k: torch.Tensor, v: torch.Tensor, end: int):
+        """Write (B, kv_heads, T, hd) at positions ``pos`` (ids or a slice); return the prefix ``[:end]``."""
         self.k[layer][:, :, pos] = k
         self.v[layer][:, :, pos] = v
         return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
+
+
+def fuse_linears(*linears: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One (sum of out, in) weight (and bias) for linears that read the same input.
+
+    Each linear's parameters become views into the fused tensors, so the separate weights (the
+    checkpoint's names, ``state_dict``) stay valid and no memory is duplicated.
+    """
+    weight = torch.cat([lin.weight.detach() for lin in linears])  # (sum out, in)
+    has_bias = linears[0].bias is not None
+    bias = torch.cat([lin.bias.detach() for lin in linears]) if has_bias else None
+    start = 0
+    for lin in linears:
+        end = start + lin.out_features
+        lin.weight = nn.Parameter(weight[start:end], requires_grad=False)
+        if has_bias:
+            lin.bias = nn.Parameter(bias[start:end], requires_grad=False)
+        start = end
+    return weight, bias
+
+
+def still_fused(fused: tuple | None, *linears: nn.Linear) -> bool:
+    """Whether ``fused`` still backs the linears' weights (reassigning one undoes the fusion)."""
+    if fused is None:
+        return False
+    ptr, row_bytes = fused[0].data_ptr(), fused[0].stride(0) * fused[0].element_size()
+    for lin in linears:
+        if lin.weight.data_ptr() != ptr:
+            return False
+        ptr += lin.out_features * row_bytes
+    return True
 
 
 class RMSNorm(nn.Module):
@@ -83,6 +120,20 @@ def rope_cos_sin(pos: torch.Tensor, head_dim: int, theta: float, dtype: torch.dt
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
+class RopeTable:
+    """cos/sin rows for positions [0, length), computed once; rows are elementwise in the position,
+    so a looked-up row equals ``rope_cos_sin`` of that position bit for bit."""
+
+    def __init__(self, length: int, head_dim: int, theta: float, dtype: torch.dtype, device) -> None:
+        self.cos, self.sin = rope_cos_sin(torch.arange(length, device=device), head_dim, theta, dtype)
+
+    def fits(self, length: int, dtype: torch.dtype, device) -> bool:
+        return self.cos.shape[0] >= length and self.cos.dtype == dtype and self.cos.device == torch.device(device)
+
+    def rows(self, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.cos[start:end], self.sin[start:end]  # (T, hd) each
+
+
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((-x2, x1), dim=-1)
@@ -104,13 +155,30 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, cfg.hidden_size, bias=bias)
+        self.qkv: tuple | None = None  # (weight, bias) fused by fuse(); not part of the state dict
 
-    def forward(self, x: torch.Tensor, rope: tuple, pos: torch.Tensor, cache: KVCache | None, end: int) -> torch.Tensor:
+    def fuse(self) -> None:
+        self.qkv = fuse_linears(self.q_proj, self.k_proj, self.v_proj)
+
+    def _heads(self, x: torch.Tensor, rope: tuple) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(B, T, D) -> q (B, H, T, hd), k and v (B, Hkv, T, hd), RoPE applied to q and k."""
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, hd)
-        k = self.k_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)  # (B, Hkv, T, hd)
-        v = self.v_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)  # (B, Hkv, T, hd)
-        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        h, kv, hd = self.n_heads, self.n_kv, self.head_dim
+        if still_fused(self.qkv, self.q_proj, self.k_proj, self.v_proj):
+            qkv = F.linear(x, *self.qkv).view(b, t, h + 2 * kv, hd)  # (B, T, H + 2 Hkv, hd)
+            # q and k sit side by side, so one RoPE call covers both (elementwise: same bits).
+            q, k = apply_rope(qkv[:, :, : h + kv].transpose(1, 2), *rope).split([h, kv], dim=1)
+            return q, k, qkv[:, :, h + kv :].transpose(1, 2)
+        q = self.q_proj(x).view(b, t, h, hd).transpose(1, 2)  # (B, H, T, hd)
+        k = self.k_proj(x).view(b, t, kv, hd).transpose(1, 2)  # (B, Hkv, T, hd)
+        v = self.v_proj(x).view(b, t, kv, hd).transpose(1, 2)  # (B, Hkv, T, hd)
+        return apply_rope(q, *rope), apply_rope(k, *rope), v
+
+    def forward(
+        self, x: torch.Tensor, rope: tuple, pos: torch.Tensor | slice, cache: KVCache | None, end: int
+    ) -> torch.Tensor:
+        b, t, _ = x.shape
+        q, k, v = self._heads(x, rope)
         if cache is not None:
             k, v = cache.update(self.layer, pos, k, v, end)  # (B, Hkv, end, hd)
         y = self._attend(q, k, v)
@@ -139,9 +207,17 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=bias)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=bias)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=bias)
+        self.gate_up: tuple | None = None  # (weight, bias) fused by fuse(); not part of the state dict
+
+    def fuse(self) -> None:
+        self.gate_up = fuse_linears(self.gate_proj, self.up_proj)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if still_fused(self.gate_up, self.gate_proj, self.up_proj):
+            gate, up = F.linear(x, *self.gate_up).chunk(2, dim=-1)  # (B, T, I) each
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -154,7 +230,9 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: torch.Tensor, rope: tuple, pos: torch.Tensor, cache: KVCache | None, end: int) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, rope: tuple, pos: torch.Tensor | slice, cache: KVCache | None, end: int
+    ) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), rope, pos, cache, end)
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -177,17 +255,34 @@ class TextModel(nn.Module):
         self.tied = tie_word_embeddings
         if tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
+        self.rope: RopeTable | None = None  # built on first use (the weights decide dtype and device)
+
+    def fuse(self) -> None:
+        """One matmul for q/k/v and one for gate/up in every layer (see ``fuse_linears``)."""
+        for layer in self.layers:
+            layer.self_attn.fuse()
+            layer.mlp.fuse()
 
     def forward(
         self, x: torch.Tensor, pos: torch.Tensor, cache: KVCache | None = None, *, last_only: bool = False
     ) -> torch.Tensor:
-        rope = rope_cos_sin(pos, self.cfg.head_dim, self.cfg.rope_theta, x.dtype)
-        end = int(pos[-1]) + 1  # positions filled after this step; read once, not per layer (a GPU sync)
+        # Positions are read once here, not per layer (on a GPU each read is a sync).
+        first, end = int(pos[0]), int(pos[-1]) + 1
+        if end - first == pos.shape[0]:  # a contiguous run, the only kind generation makes
+            rope, slot = self._rope_rows(first, end, x), slice(first, end)
+        else:
+            rope, slot = rope_cos_sin(pos, self.cfg.head_dim, self.cfg.rope_theta, x.dtype), pos
         for layer in self.layers:
-            x = layer(x, rope, pos, cache, end)
+            x = layer(x, rope, slot, cache, end)
         if last_only:
             x = x[:, -1:]  # (B, 1, D)
         return self.lm_head(self.norm(x))
+
+    def _rope_rows(self, start: int, end: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.rope is None or not self.rope.fits(end, x.dtype, x.device):
+            length = max(end, self.cfg.max_position_embeddings)
+            self.rope = RopeTable(length, self.cfg.head_dim, self.cfg.rope_theta, x.dtype, x.device)
+        return self.rope.rows(start, end)
 
     def new_cache(self, batch: int, max_len: int) -> KVCache:
         w = self.embed_tokens.weight

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import VisionConfig
+from .text import fuse_linears, still_fused
 
 
 def patch_mask(pixel_attention_mask: torch.Tensor, patch_size: int) -> torch.Tensor:
@@ -72,12 +73,21 @@ class VisionAttention(nn.Module):
         self.k_proj = nn.Linear(d, d)
         self.v_proj = nn.Linear(d, d)
         self.out_proj = nn.Linear(d, d)
+        self.qkv: tuple | None = None  # (weight, bias) fused by fuse(); not part of the state dict
+
+    def fuse(self) -> None:
+        """q/k/v as one matmul (bit-identical: see ``text.fuse_linears``)."""
+        self.qkv = fuse_linears(self.q_proj, self.k_proj, self.v_proj)
 
     def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
         n, t, _ = x.shape
-        q = self.q_proj(x).view(n, t, self.n_heads, self.head_dim).transpose(1, 2)  # (N, H, T, hd)
-        k = self.k_proj(x).view(n, t, self.n_heads, self.head_dim).transpose(1, 2)  # (N, H, T, hd)
-        v = self.v_proj(x).view(n, t, self.n_heads, self.head_dim).transpose(1, 2)  # (N, H, T, hd)
+        if still_fused(self.qkv, self.q_proj, self.k_proj, self.v_proj):
+            q, k, v = F.linear(x, *self.qkv).chunk(3, dim=-1)  # (N, T, D) each
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q.view(n, t, self.n_heads, self.head_dim).transpose(1, 2)  # (N, H, T, hd)
+        k = k.view(n, t, self.n_heads, self.head_dim).transpose(1, 2)  # (N, H, T, hd)
+        v = v.view(n, t, self.n_heads, self.head_dim).transpose(1, 2)  # (N, H, T, hd)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, scale=self.head_dim**-0.5)
         y = y.transpose(1, 2).reshape(n, t, -1)  # (N, T, D)
         return self.out_proj(y)
@@ -117,6 +127,10 @@ class VisionTransformer(nn.Module):
         self.embeddings = VisionEmbeddings(cfg)
         self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
         self.post_layernorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+
+    def fuse(self) -> None:
+        for layer in self.layers:
+            layer.self_attn.fuse()
 
     def forward(self, pixels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         x = self.embeddings(pixels, mask)

@@ -1,0 +1,101 @@
+"""The engine's fast paths give exactly what the plain paths give.
+
+Loading fuses q/k/v (both towers) and gate/up (text) into one matmul each; the RoPE rows come
+from a table built once; generation writes contiguous positions to the cache by slice. Each is
+checked bit for bit against the unfused / per-call / indexed path on the tiny checkpoint.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from ffai_smolvlm.text import fuse_linears, rope_cos_sin, still_fused
+from ffai_smolvlm.weights import load_model
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def model(tiny_checkpoint):
+    return load_model(tiny_checkpoint)
+
+
+def unfuse(model) -> None:
+    """Drop the fused tensors so every layer takes the separate-linear path."""
+    for layer in model.text.layers:
+        layer.self_attn.qkv = layer.mlp.gate_up = None
+    for layer in model.vision.layers:
+        layer.self_attn.qkv = None
+
+
+def test_loading_fuses_every_layer_without_copying_weights(model):
+    for layer in model.text.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        assert still_fused(attn.qkv, attn.q_proj, attn.k_proj, attn.v_proj)
+        assert still_fused(mlp.gate_up, mlp.gate_proj, mlp.up_proj)
+    for layer in model.vision.layers:
+        attn = layer.self_attn
+        assert still_fused(attn.qkv, attn.q_proj, attn.k_proj, attn.v_proj)
+        assert attn.k_proj.bias.data_ptr() == attn.qkv[1].data_ptr() + attn.q_proj.out_features * 4
+    # The checkpoint's names are unchanged and no fused tensor leaks into the state dict.
+    names = set(model.state_dict())
+    assert "text.layers.0.self_attn.k_proj.weight" in names and not any("qkv" in n or "gate_up" in n for n in names)
+
+
+def test_fused_linears_equal_separate_ones_bit_for_bit():
+    torch.manual_seed(0)
+    linears = [nn.Linear(48, 40), nn.Linear(48, 16), nn.Linear(48, 16)]
+    x = torch.randn(2, 7, 48)
+    with torch.no_grad():
+        want = torch.cat([lin(x) for lin in linears], dim=-1)
+        fused = fuse_linears(*linears)
+        got = nn.functional.linear(x, *fused)
+        assert torch.equal(got, want)
+        assert torch.equal(torch.cat([lin(x) for lin in linears], dim=-1), want)  # views still hold the weights
+    assert still_fused(fused, *linears)
+    linears[1].weight = nn.Parameter(linears[1].weight.clone())  # reassigning a weight undoes the fusion
+    assert not still_fused(fused, *linears)
+
+
+def test_fused_model_equals_unfused_model(model, tiny_checkpoint):
+    plain = load_model(tiny_checkpoint)
+    unfuse(plain)
+    torch.manual_seed(1)
+    pixels = torch.randn(2, 3, 64, 64)
+    ids = torch.randint(0, 1000, (1, 19))
+    with torch.no_grad():
+        assert torch.equal(model.encode_images(pixels, None), plain.encode_images(pixels, None))
+        x = model.text.embed_tokens(ids)
+        assert torch.equal(model.text(x, torch.arange(19)), plain.text(x, torch.arange(19)))
+
+
+def test_rope_table_rows_equal_per_call_rope(model):
+    cfg = model.text.cfg
+    with torch.no_grad():
+        model.text(model.text.embed_tokens(torch.tensor([[5, 6, 7]])), torch.arange(3))
+    table = model.text.rope
+    assert table.cos.shape[0] >= cfg.max_position_embeddings
+    for start, end in [(0, 1), (0, 37), (250, 251), (cfg.max_position_embeddings - 3, cfg.max_position_embeddings)]:
+        cos, sin = rope_cos_sin(torch.arange(start, end), cfg.head_dim, cfg.rope_theta, torch.float32)
+        got_cos, got_sin = table.rows(start, end)
+        assert torch.equal(got_cos, cos) and torch.equal(got_sin, sin)
+
+
+def test_scattered_positions_take_the_indexed_path(model):
+    """Non-contiguous positions (generation never makes them) are written by index, not by slice."""
+    torch.manual_seed(2)
+    x = torch.randn(1, 4, model.text.cfg.hidden_size)
+    with torch.no_grad():
+        cache = model.text.new_cache(1, 16)
+        model.text(x[:, :2], torch.arange(2), cache)
+        model.text(x[:, 2:4], torch.tensor([2, 5]), cache)  # a gap at 3 and 4
+    k = cache.k[0][0, 0]  # (max_len, hd)
+    assert k[3:5].eq(0).all() and k[:3].ne(0).any(dim=1).all() and k[5].ne(0).any()
