@@ -82,6 +82,10 @@ def engines(as_json: bool = typer.Option(False, "--json", help="Print a JSON arr
     Console(highlight=False).print(table)
 
 
+from ffai.bench.cli import bench_app  # noqa: E402  (light: no torch, transformers or av at import)
+
+app.add_typer(bench_app, name="bench")
+
 models_app = typer.Typer(help="List, download and verify model checkpoints.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
 

@@ -1,0 +1,269 @@
+"""The bench's inputs: four cases, the decoding budget both arms share, the default checkpoint.
+
+Images are synthetic (seeded gradients plus noise, so resizing keeps structure) and built the
+same way in each arm's process; the clip is written once per run by the parent and both arms
+decode that one file with ``ffai.media.sample_frames``. Speed and memory do not depend on the
+weights' values, so the default checkpoint is the real SmolVLM-256M shape with random weights.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterator
+
+from ffai.engine import DecodingOptions
+from ffai.errors import FfaiError, ModelError, UsageError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from PIL import Image
+
+CASES = ("frame", "still", "window", "clip")
+N_NEW = 32  # forced new tokens per item, so both arms do the same work
+FRAME_SIZE = (640, 360)
+STILL_SIZE = (2048, 1536)
+WINDOW_FRAMES = 8
+CLIP_SECONDS, CLIP_SOURCE_FPS = 12.0, 25
+CLIP_FPS, CLIP_WINDOW = 1.0, 2  # `ffai caption --fps 1 --window 2`: 6 windows of 2 frames
+CLIP_CODEC_OPTIONS = {"preset": "veryfast"}
+
+REPO = Path(__file__).resolve().parents[2]
+CHECKPOINT_SCRIPT = REPO / "scripts" / "make_checkpoint.py"
+CHECKPOINT_CACHE = REPO / ".cache" / "checkpoints"
+MISSING_REFERENCE = "the reference arm needs transformers: pip install 'ffai[reference]'"
+
+
+@dataclass(frozen=True)
+class Item:
+    """One request both arms answer: its images, tiled (a still) or not (frames)."""
+
+    id: str
+    images: tuple  # PIL images, RGB
+    split: bool
+
+
+def decoding(max_new_tokens: int = N_NEW) -> DecodingOptions:
+    """Greedy, exactly ``max_new_tokens`` new tokens (stop tokens masked, as min_new_tokens does)."""
+    return DecodingOptions(max_new_tokens=max_new_tokens, force_new_tokens=True)
+
+
+def synthetic_image(seed: int, size: tuple[int, int]) -> "Image.Image":
+    """A (width, height) RGB image: smooth colour waves plus noise, the same for the same seed."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.RandomState(seed)
+    w, h = size
+    yy, xx = np.mgrid[0:h, 0:w] / max(w, h)
+    waves = [np.sin(xx * rng.uniform(2, 9) + c) * np.cos(yy * rng.uniform(2, 9)) for c in range(3)]
+    pixels = np.stack(waves, -1) * 80 + 128 + rng.normal(0, 25, (h, w, 3))  # (h, w, 3)
+    return Image.fromarray(pixels.clip(0, 255).astype(np.uint8))
+
+
+def items(case: str, clip: Path | None = None) -> list[Item]:
+    """The requests of ``case``; ``clip`` cases need the clip file (decoded here, windowed)."""
+    if case == "frame":
+        return [Item("frame", (synthetic_image(1, FRAME_SIZE),), split=False)]
+    if case == "still":
+        return [Item("still", (synthetic_image(2, STILL_SIZE),), split=True)]
+    if case == "window":
+        frames = tuple(synthetic_image(10 + i, FRAME_SIZE) for i in range(WINDOW_FRAMES))
+        return [Item("window", frames, split=False)]
+    if case == "clip":
+        if clip is None:
+            raise UsageError("the clip case needs its clip file")
+        return list(clip_items(clip))
+    raise UsageError(f"unknown bench case {case!r} (known: {', '.join(CASES)})")
+
+
+def clip_items(clip: Path) -> Iterator[Item]:
+    """The clip's windows as `ffai caption --fps 1 --window 2` forms them, one Item each."""
+    from ffai import media
+    from ffai.windows import make_windows
+
+    info = media.probe(clip)
+    frames = media.sample_frames(clip, CLIP_FPS)
+    for window in make_windows(frames, CLIP_WINDOW, CLIP_FPS, clip_end=info.duration):
+        yield Item(str(window.index), tuple(f.image for f in window.frames), split=False)
+
+
+def write_clip(path: Path) -> Path:
+    """A 12 s, 25 fps, 640x360 clip whose content drifts frame to frame (h264, else mpeg4)."""
+    import av
+    import numpy as np
+
+    base = np.asarray(synthetic_image(3, (FRAME_SIZE[0] * 2, FRAME_SIZE[1])))  # (h, 2w, 3)
+    codec = _video_codec()
+    with av.open(str(path), "w") as container:
+        options = CLIP_CODEC_OPTIONS if codec == "libx264" else {}
+        stream = container.add_stream(codec, rate=CLIP_SOURCE_FPS, options=options)
+        stream.width, stream.height, stream.pix_fmt = *FRAME_SIZE, "yuv420p"
+        for i in range(round(CLIP_SECONDS * CLIP_SOURCE_FPS)):
+            # Pan across a double-width picture so every sampled frame differs.
+            shift = i * FRAME_SIZE[0] // (CLIP_SECONDS * CLIP_SOURCE_FPS)
+            pixels = np.ascontiguousarray(base[:, int(shift): int(shift) + FRAME_SIZE[0]])
+            frame = av.VideoFrame.from_ndarray(pixels, format="rgb24")
+            frame.pts, frame.time_base = i, Fraction(1, CLIP_SOURCE_FPS)
+            container.mux(stream.encode(frame))
+        container.mux(stream.encode(None))
+    return path
+
+
+def _video_codec() -> str:
+    import av
+
+    try:
+        av.Codec("libx264", "w")
+        return "libx264"
+    except (ValueError, av.FFmpegError):
+        return "mpeg4"
+
+
+# --- the default checkpoint: real 256M shapes, random weights ------------------------------
+
+
+def require_reference() -> None:
+    """Fail early, in one line, when transformers is not installed (the [reference] extra)."""
+    try:
+        found = importlib.util.find_spec("transformers") is not None
+    except (ImportError, ValueError):  # a broken install, or sys.modules["transformers"] = None
+        found = False
+    if not found:
+        raise ModelError(MISSING_REFERENCE)
+
+
+def _writer():
+    """scripts/make_checkpoint.py as a module (scripts/ is not a package); it imports torch and
+    transformers only inside its functions, so loading it here is cheap."""
+    if not CHECKPOINT_SCRIPT.is_file():
+        raise UsageError(
+            f"no --model given and {CHECKPOINT_SCRIPT} is missing (it ships with a source checkout); "
+            f"pass --model PATH to a SmolVLM checkpoint"
+        )
+    spec = importlib.util.spec_from_file_location("make_checkpoint", CHECKPOINT_SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def checkpoint_key(kind: str = "real", seed: int = 0, dtype: str = "float32") -> str:
+    """The cache key tests/checkpoints.py uses, so the bench and the tests share one folder."""
+    h = hashlib.sha256(CHECKPOINT_SCRIPT.read_bytes())
+    h.update(json.dumps(_writer().config_dict(kind), sort_keys=True).encode())
+    h.update(f"{seed}/{dtype}/{importlib.metadata.version('transformers')}".encode())
+    return h.hexdigest()[:12]
+
+
+def default_checkpoint(log=lambda message: None) -> Path:
+    """The real-shape random checkpoint under .cache/checkpoints, written first when absent.
+
+    The writer runs in a subprocess so this process never imports torch or transformers; it
+    writes into a temporary folder renamed into place, so an aborted run leaves nothing half done.
+    """
+    require_reference()
+    final = CHECKPOINT_CACHE / f"real-{checkpoint_key()}"
+    if final.is_dir():
+        return final
+    CHECKPOINT_CACHE.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-real-", dir=CHECKPOINT_CACHE))
+    log(f"writing the real-shape random checkpoint (~1 GB) to {final}")
+    try:
+        cmd = [sys.executable, str(CHECKPOINT_SCRIPT), "--config", "real", "--out", str(tmp)]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise ModelError(f"{CHECKPOINT_SCRIPT.name} failed: {done.stderr.strip().splitlines()[-1:]}")
+        tmp.chmod(0o755)
+        os.rename(tmp, final)
+    except OSError:
+        if not final.is_dir():  # a parallel writer won the rename; anything else is a real error
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+# --- the quality corpus ------------------------------------------------------------------------
+
+DEMO_MODEL = "smolvlm-demo"
+DEMO_N, DEMO_SEED = 200, 1
+CORPUS_QUESTIONS = "questions.jsonl"
+CORPUS_MAX_NEW = 32
+
+
+@dataclass(frozen=True)
+class QualityItem:
+    """A question with one right answer, scored by exact match (surrounding spaces aside)."""
+
+    id: str
+    images: tuple
+    split: bool
+    prompt: str | None  # None: the engine's default caption request
+    answer: str
+    max_new_tokens: int
+
+
+def _script(name: str):
+    path = REPO / "scripts" / f"{name}.py"
+    if not path.is_file():
+        raise UsageError(f"{path} is missing (it ships with a source checkout)")
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def is_demo_model(model_dir: Path) -> bool:
+    """True when ``model_dir`` is the folder the name ``smolvlm-demo`` resolves to."""
+    from ffai import models
+
+    try:
+        demo = models.resolve(DEMO_MODEL)
+    except FfaiError:  # not installed here (or no manifest yet)
+        return False
+    return Path(model_dir).resolve() == demo.resolve()
+
+
+def demo_items(n: int = DEMO_N, seed: int = DEMO_SEED) -> list[QualityItem]:
+    """The demo model's held-out scenes (scripts/eval_demo_model.py), rendered here."""
+    evaluation = _script("eval_demo_model")
+    scenes = sys.modules["demo_scenes"]  # imported by eval_demo_model
+    out = []
+    for i, item in enumerate(evaluation.items(n, seed)):
+        images = tuple(scenes.render(item.scene, item.n_frames, item.canvas))
+        out.append(QualityItem(str(i), images, item.split, None, scenes.caption(item.scene), evaluation.MAX_NEW_TOKENS))
+    return out
+
+
+def corpus_items(folder: Path) -> list[QualityItem]:
+    """``folder/questions.jsonl`` lines {"image", "question", "answer"}, images relative to folder."""
+    from ffai import media
+
+    questions = Path(folder) / CORPUS_QUESTIONS
+    if not questions.is_file():
+        raise UsageError(f"--quality-corpus {folder}: no {CORPUS_QUESTIONS} in this folder")
+    out = []
+    for n, line in enumerate(questions.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            image, question, answer = row["image"], row["question"], row["answer"]
+        except (ValueError, KeyError, TypeError) as e:
+            raise UsageError(f"{questions}:{n}: expected {{\"image\", \"question\", \"answer\"}} ({e})") from e
+        still = media.load_image(Path(folder) / image)
+        out.append(QualityItem(str(n), (still,), True, question, str(answer), CORPUS_MAX_NEW))
+    if not out:
+        raise UsageError(f"{questions}: no questions")
+    return out

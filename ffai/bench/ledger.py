@@ -1,0 +1,91 @@
+"""The bench ledger: one JSON line appended per run, so runs can be compared over time.
+
+A line holds when and where the run happened (versions, cores, torch threads per arm, git
+commit), what was run (model, dtype, repeats), each case's times, ratios and RSS (tokens left
+out: they are long and only matter through the gates), and the gates. The default ledger is
+``.cache/bench/ledger.jsonl`` in the source tree, beside the default checkpoint.
+"""
+
+from __future__ import annotations
+
+from ffai.models import ffai_home
+
+import datetime as dt
+import importlib.metadata
+import json
+import platform
+import subprocess
+from pathlib import Path
+
+from ffai.bench.cases import REPO
+from ffai.errors import OutputError
+
+DEFAULT_LEDGER = ffai_home() / "bench" / "ledger.jsonl"  # $FFAI_HOME, default ~/.cache/ffai
+PACKAGES = ("ffai", "torch", "transformers", "tokenizers", "av", "pillow")
+REQUIRED_KEYS = ("time", "versions", "cores", "torch_threads", "git_commit", "model", "dtype", "repeats", "cases", "gates")
+
+
+def versions() -> dict[str, str | None]:
+    """Installed versions, read from package metadata (nothing is imported)."""
+    found: dict[str, str | None] = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            found[name] = None
+    return found
+
+
+def git_commit(repo: Path = REPO) -> str | None:
+    """The checkout's commit, with ``+dirty`` when tracked files changed; None outside git."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, timeout=10)
+        if head.returncode != 0:
+            return None
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo,
+                                capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return head.stdout.strip() + ("+dirty" if status.stdout.strip() else "")
+
+
+def cpu_model() -> str | None:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def ledger_line(report: dict) -> dict:
+    """The ledger's record of one bench report (see cli.run_bench)."""
+    cases = {record["case"]: {k: v for k, v in record.items() if k != "case"} for record in report["cases"]}
+    quality = report["quality"]
+    if quality is not None:  # the answers themselves stay in the --json report
+        quality = {k: v if k == "corpus" else {n: c for n, c in v.items() if n != "answers"} for k, v in quality.items()}
+    return {
+        "time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "versions": versions(),
+        "cores": report["cores"],
+        "cpu": cpu_model(),
+        "torch_threads": {r["case"]: {arm: r[arm]["torch_threads"] for arm in ("ffai", "reference")} for r in report["cases"]},
+        "git_commit": git_commit(),
+        "model": report["model"],
+        "dtype": report["dtype"],
+        "repeats": report["repeats"],
+        "cases": cases,
+        "quality": quality,
+        "gates": report["gates"],
+    }
+
+
+def append(path: Path, line: dict) -> None:
+    """Append one JSON line; the file and its folder are created when missing."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(line, ensure_ascii=False, sort_keys=True) + "\n")
+    except OSError as e:
+        raise OutputError(f"{path}: cannot append to the bench ledger: {e.strerror or e}") from e
