@@ -1,0 +1,529 @@
+"""Train the bundled demo checkpoint, ``models/smolvlm-demo``: a tiny Idefics3 that captions the
+synthetic scenes of ``scripts/demo_scenes.py`` ("a red circle on a blue background").
+
+No real weights can be shipped in the repository, so ``ffai caption`` needs a small model it can
+run offline out of the box. This one is trained from scratch with transformers'
+``Idefics3ForConditionalGeneration`` (the engine itself never imports transformers) and saved
+with ``save_pretrained``, so its tensor names are those of the real checkpoint.
+
+- Tokenizer: its own byte-level BPE, trained with ``tokenizers`` on the prompts and captions,
+  with the special tokens and chat template of SmolVLM-256M-Instruct.
+- Geometry: 64 px tiles, 8 px patches, scale factor 2 -> 16 image tokens per image. The
+  preprocessor's ``size.longest_edge`` equals the tile, so a still (``split=True``) is one
+  64 x 64 image exactly like a video frame: no tiles, no row/column tokens.
+- Inputs are built by the engine's own code (``preprocess_images`` + ``PromptBuilder`` on the
+  folder being written, prompt text from ``engine.prompt_text``), so training and inference see
+  the same token ids and pixels. The loss covers only the answer and ``<end_of_utterance>``.
+- Samples: stills (split path) and windows of 1-8 frames of one scene, still or moving, drawn
+  at several canvas sizes; geometry cells of the ``heldout`` split are never drawn.
+
+Usage: python scripts/train_demo_model.py [--out models/smolvlm-demo] [--steps 900] [--seed 0]
+Writes the folder (atomically), its RECIPE.md and the manifest ``models/smolvlm-demo.toml``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import random
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # scripts/ is not a package
+
+import demo_scenes  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+REFERENCE_DIR = REPO / "tests" / "data" / "smolvlm-256m-instruct"
+DEFAULT_OUT = REPO / "models" / "smolvlm-demo"
+MANIFEST_NAME = "smolvlm-demo"
+DOC_FILE = "RECIPE.md"  # documentation: shipped in the folder, not pinned by the manifest
+
+# Special tokens, in id order from 0. PromptBuilder requires every <row_r_col_c> for r, c in
+# 1..6 even though this model never splits an image.
+BASE_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+IMAGE_SPECIALS = (
+    "<global-img>",
+    *(f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)),
+    "<fake_token_around_image>",
+    "<image>",
+    "<end_of_utterance>",
+)
+BPE_VOCAB = 512  # upper bound; the corpus runs out of merges well before
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Everything that decides the weights; written to RECIPE.md."""
+
+    seed: int = 0
+    steps: int = 900
+    batch: int = 32
+    lr: float = 1.5e-3
+    warmup: int = 60
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    threads: int = 2
+    still_share: float = 0.3  # samples that are a still image (split=True); the rest are windows
+    max_frames: int = 8
+    # A window has n frames with probability proportional to n ** -frame_decay: shapes are
+    # learnt per frame, so short windows teach as much for less vision compute.
+    frame_decay: float = 2.0
+    aux_weight: float = 1.0  # weight of the per-patch shape loss on the vision tower (see train)
+    # Canvas sizes (width, height) a sample is rendered at; the preprocessor squashes each to 64 x 64.
+    canvases: tuple[tuple[int, int], ...] = ((128, 96), (96, 96), (160, 120), (64, 64), (96, 72), (112, 84))
+    vision_hidden: int = 128
+    vision_layers: int = 3
+    vision_heads: int = 4
+    text_hidden: int = 128
+    text_layers: int = 3
+    text_heads: int = 4
+    text_kv_heads: int = 2
+    max_positions: int = 1024
+
+
+TILE = 64
+PATCH = 8
+SCALE_FACTOR = 2
+
+
+def image_seq_len() -> int:
+    return (TILE // PATCH) ** 2 // SCALE_FACTOR**2
+
+
+# --- the folder's small files ------------------------------------------------------------------
+
+
+def corpus() -> list[str]:
+    """The text the tokenizer learns merges from: the chat framing, the prompts, every caption."""
+    from ffai_smolvlm.engine import FRAMES_PROMPT, STILL_PROMPT
+
+    # The pieces between special tokens in a rendered prompt (see prompt.PromptBuilder).
+    framing = ["User:", STILL_PROMPT, FRAMES_PROMPT, "\nAssistant:"]
+    return framing * 20 + [" " + c for c in demo_scenes.all_captions()] * 4
+
+
+def train_tokenizer():
+    """Byte-level BPE with SmolVLM's pre-tokenizer (digits split, ByteLevel without prefix space),
+    every byte in the alphabet so any --prompt can be encoded, and the special tokens first."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=BPE_VOCAB,
+        min_frequency=2,
+        special_tokens=[*BASE_SPECIALS, *IMAGE_SPECIALS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus(), trainer)
+    return tok
+
+
+def write_json(path: Path, data: dict) -> None:
+    path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def write_small_files(folder: Path, tok) -> dict[str, int]:
+    """Tokenizer, chat template, processor and generation settings; returns the special ids."""
+    ids = {t: tok.token_to_id(t) for t in (*BASE_SPECIALS, "<image>", "<end_of_utterance>")}
+    tok.save(str(folder / "tokenizer.json"))
+    shutil.copyfile(REFERENCE_DIR / "chat_template.json", folder / "chat_template.json")
+    template = json.loads((REFERENCE_DIR / "chat_template.json").read_text(encoding="utf-8"))["chat_template"]
+    write_json(
+        folder / "tokenizer_config.json",
+        {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": "<|im_start|>",
+            "eos_token": "<end_of_utterance>",
+            "pad_token": "<|im_end|>",
+            "unk_token": "<|endoftext|>",
+            "model_max_length": Recipe.max_positions,
+            "clean_up_tokenization_spaces": False,
+            "processor_class": "Idefics3Processor",
+            "chat_template": template,
+        },
+    )
+    pre = json.loads((REFERENCE_DIR / "preprocessor_config.json").read_text(encoding="utf-8"))
+    # longest_edge == tile: every image becomes one 64 x 64 frame, split or not.
+    pre["size"] = {"longest_edge": TILE}
+    pre["max_image_size"] = {"longest_edge": TILE}
+    write_json(folder / "preprocessor_config.json", pre)
+    write_json(folder / "processor_config.json", {"image_seq_len": image_seq_len(), "processor_class": "Idefics3Processor"})
+    return ids
+
+
+def write_generation_config(folder: Path, ids: dict[str, int]) -> None:
+    """As the real checkpoint: stop on <end_of_utterance>; written after save_pretrained, which
+    would otherwise leave its own copy without the stop id."""
+    import transformers
+
+    write_json(
+        folder / "generation_config.json",
+        {
+            "bos_token_id": ids["<|im_start|>"],
+            "eos_token_id": ids["<end_of_utterance>"],
+            "pad_token_id": ids["<|im_end|>"],
+            "transformers_version": transformers.__version__,
+        },
+    )
+
+
+def model_config(recipe: Recipe, vocab_size: int, ids: dict[str, int]):
+    from transformers import Idefics3Config
+
+    text_head_dim = recipe.text_hidden // recipe.text_heads
+    return Idefics3Config(
+        image_token_id=ids["<image>"],
+        scale_factor=SCALE_FACTOR,
+        vocab_size=vocab_size,
+        pad_token_id=ids["<|im_end|>"],
+        tie_word_embeddings=False,
+        vision_config=dict(
+            hidden_size=recipe.vision_hidden,
+            intermediate_size=4 * recipe.vision_hidden,
+            num_hidden_layers=recipe.vision_layers,
+            num_attention_heads=recipe.vision_heads,
+            patch_size=PATCH,
+            image_size=TILE,
+            layer_norm_eps=1e-6,
+            hidden_act="gelu_pytorch_tanh",
+        ),
+        text_config=dict(
+            model_type="llama",
+            vocab_size=vocab_size,
+            hidden_size=recipe.text_hidden,
+            intermediate_size=3 * recipe.text_hidden,
+            num_hidden_layers=recipe.text_layers,
+            num_attention_heads=recipe.text_heads,
+            num_key_value_heads=recipe.text_kv_heads,
+            head_dim=text_head_dim,
+            rope_theta=10000.0,
+            rms_norm_eps=1e-5,
+            max_position_embeddings=recipe.max_positions,
+            bos_token_id=ids["<|im_start|>"],
+            eos_token_id=ids["<|im_end|>"],
+            pad_token_id=ids["<|im_end|>"],
+            tie_word_embeddings=False,
+        ),
+    )
+
+
+# --- samples -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Sample:
+    input_ids: list[int]
+    labels: list[int]  # -100 on the prompt
+    pixel_values: object  # (n_images, 3, 64, 64) float32 tensor
+    patch_labels: object  # (n_images, patches) long: 0 background, 1 + shape index where the shape is
+
+
+class SampleMaker:
+    """Samples built with the engine's own preprocess and prompt code on the folder being written."""
+
+    def __init__(self, folder: Path, recipe: Recipe, rng: random.Random) -> None:
+        from ffai_smolvlm.preprocess import ProcessorConfig
+        from ffai_smolvlm.prompt import PromptBuilder
+        from tokenizers import Tokenizer
+
+        self.recipe = recipe
+        self.rng = rng
+        self.processor = ProcessorConfig.from_dir(folder)
+        self.prompts = PromptBuilder.from_dir(folder)
+        self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        self.end_id = self.prompts.end_of_utterance_id
+        self.frame_weights = [n**-recipe.frame_decay for n in range(1, recipe.max_frames + 1)]
+
+    def answer_ids(self, caption: str) -> list[int]:
+        # The leading space is what follows "Assistant:" in SmolVLM's own answers.
+        return self.tokenizer.encode(" " + caption, add_special_tokens=False).ids + [self.end_id]
+
+    def sample(self) -> Sample:
+        from ffai.engine import DecodingOptions
+        from ffai_smolvlm.engine import prompt_text
+        from ffai_smolvlm.preprocess import preprocess_images
+
+        r = self.recipe
+        scene = demo_scenes.sample_scene(self.rng, "train")
+        split = self.rng.random() < r.still_share
+        n = 1 if split else self.rng.choices(range(1, r.max_frames + 1), self.frame_weights)[0]
+        images = demo_scenes.render(scene, n, self.rng.choice(r.canvases))
+        batch = preprocess_images(images, self.processor, split=split)
+        prompt = self.prompts.build(batch.grids, prompt_text(DecodingOptions(), n, split), self.processor.image_seq_len)
+        answer = self.answer_ids(demo_scenes.caption(scene))
+        patches = patch_labels(batch.pixel_values, scene, self.processor)
+        return Sample(prompt + answer, [-100] * len(prompt) + answer, batch.pixel_values, patches)
+
+
+def patch_labels(pixel_values, scene: demo_scenes.Scene, processor, min_cover: float = 0.25):
+    """Per vision patch, the shape's class where it covers at least ``min_cover`` of the patch,
+    else 0: dense targets for the auxiliary loss, read off the very pixels the model sees."""
+    import torch
+
+    mean = torch.tensor(processor.image_mean).view(1, 3, 1, 1)
+    std = torch.tensor(processor.image_std).view(1, 3, 1, 1)
+    bg = (torch.tensor(demo_scenes.BACKGROUNDS[scene.background]).view(1, 3, 1, 1) / 255 - mean) / std
+    fg = ((pixel_values - bg).abs().sum(dim=1) > 0.3).float()  # (n, H, W): not background
+    n, h, w = fg.shape
+    side = h // PATCH
+    cover = fg.view(n, side, PATCH, side, PATCH).mean(dim=(2, 4))  # (n, side, side), row-major like the ViT
+    labels = (cover >= min_cover).long() * (1 + demo_scenes.SHAPES.index(scene.shape))
+    return labels.flatten(1)  # (n, side * side)
+
+
+def collate(samples: list[Sample], pad_id: int) -> dict:
+    """Right-padded ids, labels and mask; pixel values padded with all-zero images, which
+    transformers drops (a real normalised image is never all 0.0: that would be grey 127.5)."""
+    import torch
+
+    width = max(len(s.input_ids) for s in samples)
+    n_images = max(s.pixel_values.shape[0] for s in samples)
+    ids = torch.full((len(samples), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(samples), width), -100, dtype=torch.long)
+    mask = torch.zeros((len(samples), width), dtype=torch.long)
+    pixels = torch.zeros((len(samples), n_images, 3, TILE, TILE))  # (B, n_images, C, H, W)
+    for i, s in enumerate(samples):
+        t = len(s.input_ids)
+        ids[i, :t] = torch.tensor(s.input_ids)
+        labels[i, :t] = torch.tensor(s.labels)
+        mask[i, :t] = 1
+        pixels[i, : s.pixel_values.shape[0]] = s.pixel_values
+    patch_labels = torch.cat([s.patch_labels for s in samples])  # (real images, patches), batch order
+    return {"input_ids": ids, "labels": labels, "attention_mask": mask, "pixel_values": pixels}, patch_labels
+
+
+# --- training ----------------------------------------------------------------------------------
+
+
+def lr_at(step: int, recipe: Recipe) -> float:
+    """Linear warmup, then cosine decay to a tenth of the peak."""
+    if step < recipe.warmup:
+        return recipe.lr * (step + 1) / recipe.warmup
+    progress = (step - recipe.warmup) / max(1, recipe.steps - recipe.warmup)
+    return recipe.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+# Where the words a viewer must read off the image sit in "a red circle on a blue background".
+ANSWER_SLOTS = {"colour": 1, "shape": 2, "background": 5}
+
+
+def slot_accuracy(logits, labels) -> dict[str, float]:
+    """Teacher-forced accuracy on each answer slot, from the batch's own logits."""
+    import torch
+
+    pred = logits[:, :-1].argmax(-1)  # (B, T-1): the prediction for token t+1
+    target = labels[:, 1:]
+    first = (target != -100).int().argmax(dim=1)  # (B,) offset of each row's answer
+    rows = torch.arange(target.shape[0])
+    return {
+        name: float((pred[rows, first + k] == target[rows, first + k]).float().mean())
+        for name, k in ANSWER_SLOTS.items()
+    }
+
+
+def train(folder: Path, recipe: Recipe, vocab_size: int, ids: dict[str, int], log=print):
+    import torch
+    from transformers import Idefics3ForConditionalGeneration
+
+    torch.manual_seed(recipe.seed)
+    torch.set_num_threads(recipe.threads)
+    model = Idefics3ForConditionalGeneration(model_config(recipe, vocab_size, ids)).float().train()
+    maker = SampleMaker(folder, recipe, random.Random(recipe.seed))
+    # Auxiliary head (training only, not saved): per-patch shape classes from the vision tower.
+    # Dense targets teach the tower colour-independent shape features far sooner than the few
+    # caption tokens can; the caption loss alone leaves shape at chance for hundreds of steps.
+    aux_head = torch.nn.Linear(recipe.vision_hidden, 1 + len(demo_scenes.SHAPES))
+    vision_out = []
+    model.model.vision_model.register_forward_hook(lambda mod, args, out: vision_out.append(out.last_hidden_state))
+    params = [*model.named_parameters(), *(("aux." + n, p) for n, p in aux_head.named_parameters())]
+    decay = [p for n, p in params if p.ndim >= 2]
+    no_decay = [p for n, p in params if p.ndim < 2]
+    optim = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": recipe.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=recipe.lr,
+        betas=(0.9, 0.98),
+    )
+    history = []
+    started = time.perf_counter()
+    for step in range(recipe.steps):
+        for group in optim.param_groups:
+            group["lr"] = lr_at(step, recipe)
+        batch, patch_targets = collate([maker.sample() for _ in range(recipe.batch)], ids["<|im_end|>"])
+        vision_out.clear()
+        out = model(**batch)
+        aux_logits = aux_head(vision_out[0])  # (real images, patches, classes)
+        aux_loss = torch.nn.functional.cross_entropy(aux_logits.flatten(0, 1), patch_targets.flatten())
+        optim.zero_grad(set_to_none=True)
+        (out.loss + recipe.aux_weight * aux_loss).backward()
+        torch.nn.utils.clip_grad_norm_([p for _, p in params], recipe.grad_clip)
+        optim.step()
+        if step % 25 == 0 or step == recipe.steps - 1:
+            loss, acc = out.loss.item(), slot_accuracy(out.logits.detach(), batch["labels"])
+            history.append((step, loss, acc))
+            elapsed = time.perf_counter() - started
+            slots = "  ".join(f"{k} {v:.2f}" for k, v in acc.items())
+            log(f"step {step:4d}  loss {loss:.4f}  aux {aux_loss.item():.4f}  {slots}  lr {lr_at(step, recipe):.2e}  {elapsed:.0f} s")
+    return model.eval(), history
+
+
+# --- release -----------------------------------------------------------------------------------
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write_manifest(folder: Path, manifest: Path) -> None:
+    lines = [
+        "# The bundled demo checkpoint: a tiny Idefics3 trained on synthetic shapes by",
+        "# scripts/train_demo_model.py (see RECIPE.md in the folder). Not on the hub.",
+        f'name = "{MANIFEST_NAME}"',
+        'engine = "smolvlm"',
+        'hf_repo = ""',
+        'revision = ""',
+        'license = "Apache-2.0"',
+        'description = "Demo: a tiny Idefics3 that captions synthetic coloured shapes (\\"a red circle on a blue background\\")"',
+    ]
+    for path in sorted(folder.iterdir()):
+        if path.name == DOC_FILE:
+            continue
+        lines += ["", "[[files]]", f'path = "{path.name}"', f"size = {path.stat().st_size}", f'sha256 = "{sha256(path)}"']
+    manifest.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def write_recipe(folder: Path, recipe: Recipe, vocab_size: int, history, wall_s: float, accuracy: tuple[int, int] | None) -> None:
+    import torch
+    import transformers
+
+    r = asdict(recipe)
+    losses = "\n".join(f"| {s} | {loss:.4f} | " + " | ".join(f"{acc[k]:.2f}" for k in ANSWER_SLOTS) + " |" for s, loss, acc in history)
+    acc_line = "not measured (--no-eval)"
+    if accuracy is not None:
+        acc_line = f"{accuracy[0]}/{accuracy[1]} = {100 * accuracy[0] / accuracy[1]:.1f} % exact captions"
+    text = f"""# smolvlm-demo: how it was made
+
+A tiny Idefics3 (SmolVLM architecture) trained from scratch on synthetic scenes, so that
+`ffai caption` runs offline out of the box. It knows one thing: captions such as
+"a red circle on a blue background" for one shape on a plain background. Anything else gets a
+caption of that form too.
+
+Rebuild: `python scripts/train_demo_model.py --steps {recipe.steps} --seed {recipe.seed}`
+Evaluate: `python scripts/eval_demo_model.py`
+
+## Data (scripts/demo_scenes.py)
+
+- shapes {", ".join(demo_scenes.SHAPES)}; colours {", ".join(demo_scenes.COLOURS)};
+  backgrounds {", ".join(demo_scenes.BACKGROUNDS)} (never the shape's colour):
+  {len(demo_scenes.all_captions())} captions
+- radius {demo_scenes.RADIUS[0]}-{demo_scenes.RADIUS[1]} of the short side, centre within
+  [{demo_scenes.EDGE}, {1 - demo_scenes.EDGE}], {int(100 * demo_scenes.MOVING_SHARE)} % moving in one of
+  {demo_scenes.DIRECTIONS} directions over {demo_scenes.TRAVEL[0]}-{demo_scenes.TRAVEL[1]} of the frame
+- held out: one geometry cell (size x start position x motion) in {demo_scenes.HELDOUT_ONE_IN}, never trained on
+- samples: {int(100 * recipe.still_share)} % stills (split=True, "Describe this image."), the rest windows of
+  1-{recipe.max_frames} frames of one scene (split=False); canvases {", ".join(f"{w}x{h}" for w, h in recipe.canvases)}
+- inputs built by the engine's preprocess_images + PromptBuilder; loss on the answer and `<end_of_utterance>` only
+
+## Model
+
+- vision: {TILE} px images, {PATCH} px patches, hidden {recipe.vision_hidden}, {recipe.vision_layers} layers,
+  {recipe.vision_heads} heads; pixel shuffle x{SCALE_FACTOR} -> {image_seq_len()} image tokens per image
+- text: llama, hidden {recipe.text_hidden}, {recipe.text_layers} layers, {recipe.text_heads} heads /
+  {recipe.text_kv_heads} kv heads, context {recipe.max_positions}
+- tokenizer: byte-level BPE trained on the prompts and captions, {vocab_size} tokens, SmolVLM's
+  special tokens and chat template; preprocessor size.longest_edge = max_image_size = {TILE},
+  so a still is one {TILE} x {TILE} image like a video frame
+- weights float32, saved by transformers {transformers.__version__} `save_pretrained`
+
+## Training
+
+- {json.dumps(r)}
+- optimiser AdamW (betas 0.9, 0.98), linear warmup then cosine to 10 % of the peak lr
+- torch {torch.__version__}, {recipe.threads} CPU threads, wall time {wall_s / 60:.1f} min
+- held-out accuracy at release (engine, greedy): {acc_line}
+
+Teacher-forced accuracy of the three words read off the image, on each logged training batch:
+
+| step | loss | colour | shape | background |
+|---|---|---|---|---|
+{losses}
+"""
+    (folder / DOC_FILE).write_text(text, encoding="utf-8")
+
+
+def _publishable(folder: Path) -> None:
+    """mkdtemp and the safetensors writer make owner-only entries; a shipped folder is world-readable."""
+    folder.chmod(0o755)
+    for path in folder.iterdir():
+        path.chmod(0o644)
+
+
+def build(out: Path, recipe: Recipe, *, evaluate: bool = True, manifest: Path | None = None) -> Path:
+    """Train and write the checkpoint folder ``out``: into a temporary folder beside it, moved
+    into place once complete, so an interrupted run leaves the old folder as it was."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:
+        tok = train_tokenizer()
+        ids = write_small_files(staging, tok)
+        model, history = train(staging, recipe, tok.get_vocab_size(), ids)
+        model.save_pretrained(staging, safe_serialization=True)
+        write_generation_config(staging, ids)
+        wall_s = time.perf_counter() - started
+        accuracy = None
+        if evaluate:
+            import eval_demo_model
+
+            result = eval_demo_model.evaluate(staging, n=eval_demo_model.DEFAULT_N, seed=eval_demo_model.DEFAULT_SEED)
+            accuracy = (result.correct, result.total)
+            print(f"held-out accuracy {result.correct}/{result.total}")
+        write_recipe(staging, recipe, tok.get_vocab_size(), history, wall_s, accuracy)
+        _publishable(staging)
+        if out.exists():
+            shutil.rmtree(out)
+        staging.rename(out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    if manifest is not None:
+        write_manifest(out, manifest)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--steps", type=int, default=Recipe.steps)
+    parser.add_argument("--seed", type=int, default=Recipe.seed)
+    parser.add_argument("--batch", type=int, default=Recipe.batch)
+    parser.add_argument("--lr", type=float, default=Recipe.lr)
+    parser.add_argument("--no-eval", action="store_true", help="skip the held-out evaluation at the end")
+    parser.add_argument("--manifest", type=Path, default=None, help=f"write the manifest here (default: models/{MANIFEST_NAME}.toml when --out is the default)")
+    args = parser.parse_args(argv)
+    recipe = Recipe(seed=args.seed, steps=args.steps, batch=args.batch, lr=args.lr)
+    manifest = args.manifest
+    if manifest is None and args.out.resolve() == DEFAULT_OUT:
+        manifest = REPO / "models" / f"{MANIFEST_NAME}.toml"
+    print(build(args.out, recipe, evaluate=not args.no_eval, manifest=manifest))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
