@@ -50,6 +50,46 @@ def test_loading_fuses_every_layer_without_copying_weights(model):
     assert "text.layers.0.self_attn.k_proj.weight" in names and not any("qkv" in n or "gate_up" in n for n in names)
 
 
+def test_fused_groups_are_read_into_one_buffer_not_through_the_file_map(model, tiny_checkpoint):
+    """The loader reads each fusion group back to back into memory of its own; fusing then
+    copies nothing, and no fused weight is a view of the memory-mapped checkpoint."""
+    from safetensors import safe_open
+
+    for layer in model.text.layers:
+        weight = layer.mlp.gate_up[0]
+        assert layer.mlp.gate_proj.weight.untyped_storage().data_ptr() == weight.untyped_storage().data_ptr()
+        # A buffer of exactly its own size: not the map of the whole file.
+        assert weight.untyped_storage().nbytes() == weight.numel() * weight.element_size()
+    with safe_open(str(tiny_checkpoint / "model.safetensors"), framework="pt") as f:
+        for name in ("model.text_model.layers.0.self_attn.v_proj.weight", "model.vision_model.encoder.layers.1.self_attn.q_proj.bias",
+                     "model.text_model.layers.1.mlp.up_proj.weight"):
+            assert torch.equal(f.get_tensor(name), model.get_parameter(_module_name(name)))
+
+
+def _module_name(checkpoint_name: str) -> str:
+    from ffai_smolvlm.weights import module_name
+
+    return module_name(checkpoint_name)
+
+
+def test_a_fusion_group_in_a_bfloat16_load_is_cast_on_read(model, tiny_checkpoint):
+    low = load_model(tiny_checkpoint, dtype=torch.bfloat16)
+    a, b = low.text.layers[0].self_attn, model.text.layers[0].self_attn
+    assert still_fused(a.qkv, a.q_proj, a.k_proj, a.v_proj) and a.qkv[0].dtype == torch.bfloat16
+    assert torch.equal(a.qkv[0], b.qkv[0].to(torch.bfloat16))
+
+
+def test_building_the_model_skips_torch_symbolic_machinery(tiny_checkpoint):
+    """nn.Embedding's default init (normal_) on the meta device imports sympy and friends:
+    about 70 MB of resident memory in every process that loads a model."""
+    import subprocess
+    import sys
+
+    code = f"import sys; from ffai_smolvlm.weights import load_model; load_model({str(tiny_checkpoint)!r}); print('sympy' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "False", out.stderr
+
+
 def test_fused_linears_equal_separate_ones_bit_for_bit():
     torch.manual_seed(0)
     linears = [nn.Linear(48, 40), nn.Linear(48, 16), nn.Linear(48, 16)]

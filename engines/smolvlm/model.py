@@ -48,6 +48,17 @@ class Idefics3(nn.Module):
         if self.text is not None:
             self.text.fuse()
 
+    def fusion_groups(self) -> list[tuple[str, ...]]:
+        """Parameter names that ``fuse`` joins into one tensor, each group in its fused order (a
+        module lists its linears in ``fused_linears``); the loader reads each group into one buffer."""
+        groups = []
+        for prefix, module in self.named_modules():
+            linears = getattr(module, "fused_linears", ())
+            for kind in ("weight", "bias"):
+                if linears and getattr(getattr(module, linears[0]), kind) is not None:
+                    groups.append(tuple(f"{prefix}.{name}.{kind}" for name in linears))
+        return groups
+
     @property
     def dtype(self) -> torch.dtype:
         return next(self.parameters()).dtype

@@ -70,11 +70,13 @@ def fuse_linears(*linears: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None
     """One (sum of out, in) weight (and bias) for linears that read the same input.
 
     Each linear's parameters become views into the fused tensors, so the separate weights (the
-    checkpoint's names, ``state_dict``) stay valid and no memory is duplicated.
+    checkpoint's names, ``state_dict``) stay valid and no memory is duplicated. When the weights
+    already lie back to back in one buffer (``weights.load_model`` reads them so), that buffer is
+    the fused tensor and nothing is copied.
     """
-    weight = torch.cat([lin.weight.detach() for lin in linears])  # (sum out, in)
+    weight = _joined([lin.weight for lin in linears])
     has_bias = linears[0].bias is not None
-    bias = torch.cat([lin.bias.detach() for lin in linears]) if has_bias else None
+    bias = _joined([lin.bias for lin in linears]) if has_bias else None
     start = 0
     for lin in linears:
         end = start + lin.out_features
@@ -83,6 +85,26 @@ def fuse_linears(*linears: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None
             lin.bias = nn.Parameter(bias[start:end], requires_grad=False)
         start = end
     return weight, bias
+
+
+def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
+    """``torch.cat(parts)``, or a view of their common buffer when they already lie in it in order."""
+    first = parts[0].detach()
+    offset, storage = first.storage_offset(), first.untyped_storage()
+    adjacent = all(p.is_contiguous() and p.dtype == first.dtype for p in parts)
+    for p in parts:
+        adjacent = adjacent and p.untyped_storage().data_ptr() == storage.data_ptr() and p.storage_offset() == offset
+        offset += p.numel()
+    if not adjacent or offset > storage.nbytes() // first.element_size():
+        return torch.cat([p.detach() for p in parts])
+    rows = sum(p.shape[0] for p in parts)
+    return first.new_empty(0).set_(storage, first.storage_offset(), (rows, *first.shape[1:]), first.stride())
+
+
+def embedding_table(rows: int, dim: int) -> nn.Embedding:
+    """An nn.Embedding left uninitialised (the checkpoint fills it). Its default init, normal_,
+    on the meta device imports torch's symbolic-shape machinery: about 70 MB for nothing."""
+    return nn.Embedding(rows, dim, _weight=torch.empty(rows, dim))
 
 
 def still_fused(fused: tuple | None, *linears: nn.Linear) -> bool:
@@ -146,6 +168,8 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 class Attention(nn.Module):
     """Follows transformers' ``LlamaAttention`` (GQA, RoPE, causal)."""
 
+    fused_linears = ("q_proj", "k_proj", "v_proj")
+
     def __init__(self, cfg: TextConfig, layer: int) -> None:
         super().__init__()
         self.layer = layer
@@ -158,7 +182,7 @@ class Attention(nn.Module):
         self.qkv: tuple | None = None  # (weight, bias) fused by fuse(); not part of the state dict
 
     def fuse(self) -> None:
-        self.qkv = fuse_linears(self.q_proj, self.k_proj, self.v_proj)
+        self.qkv = fuse_linears(*(getattr(self, name) for name in self.fused_linears))
 
     def _heads(self, x: torch.Tensor, rope: tuple) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(B, T, D) -> q (B, H, T, hd), k and v (B, Hkv, T, hd), RoPE applied to q and k."""
@@ -201,6 +225,8 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     """Follows transformers' ``LlamaMLP``: down(silu(gate(x)) * up(x))."""
 
+    fused_linears = ("gate_proj", "up_proj")
+
     def __init__(self, cfg: TextConfig) -> None:
         super().__init__()
         bias = cfg.mlp_bias
@@ -210,7 +236,7 @@ class MLP(nn.Module):
         self.gate_up: tuple | None = None  # (weight, bias) fused by fuse(); not part of the state dict
 
     def fuse(self) -> None:
-        self.gate_up = fuse_linears(self.gate_proj, self.up_proj)
+        self.gate_up = fuse_linears(*(getattr(self, name) for name in self.fused_linears))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if still_fused(self.gate_up, self.gate_proj, self.up_proj):
@@ -248,7 +274,7 @@ class TextModel(nn.Module):
     def __init__(self, cfg: TextConfig, tie_word_embeddings: bool) -> None:
         super().__init__()
         self.cfg = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = embedding_table(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)

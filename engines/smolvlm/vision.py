@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import VisionConfig
-from .text import fuse_linears, still_fused
+from .text import embedding_table, fuse_linears, still_fused
 
 
 def patch_mask(pixel_attention_mask: torch.Tensor, patch_size: int) -> torch.Tensor:
@@ -54,7 +54,7 @@ class VisionEmbeddings(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.patch_embedding = nn.Conv2d(cfg.num_channels, cfg.hidden_size, cfg.patch_size, stride=cfg.patch_size)
-        self.position_embedding = nn.Embedding(cfg.num_patches, cfg.hidden_size)
+        self.position_embedding = embedding_table(cfg.num_patches, cfg.hidden_size)
 
     def forward(self, pixels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         x = self.patch_embedding(pixels)  # (N, D, h, w)
@@ -64,6 +64,8 @@ class VisionEmbeddings(nn.Module):
 
 class VisionAttention(nn.Module):
     """Follows transformers' ``Idefics3VisionAttention`` (SigLIP): bidirectional, biased projections."""
+
+    fused_linears = ("q_proj", "k_proj", "v_proj")
 
     def __init__(self, cfg: VisionConfig) -> None:
         super().__init__()
@@ -77,7 +79,7 @@ class VisionAttention(nn.Module):
 
     def fuse(self) -> None:
         """q/k/v as one matmul (bit-identical: see ``text.fuse_linears``)."""
-        self.qkv = fuse_linears(self.q_proj, self.k_proj, self.v_proj)
+        self.qkv = fuse_linears(*(getattr(self, name) for name in self.fused_linears))
 
     def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
         n, t, _ = x.shape
