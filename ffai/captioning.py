@@ -36,6 +36,7 @@ class CaptionOptions:
     decoding: DecodingOptions = field(default_factory=DecodingOptions)
     runtime: RuntimeOptions = field(default_factory=RuntimeOptions)
     max_in_flight: int = 2
+    workers: bool | None = None  # None: worker processes for video unless shares_one_process
 
     def __post_init__(self) -> None:
         if self.max_in_flight < 1:
@@ -67,10 +68,24 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
+# At or below this many cores every stage shares one process and the stages take turns, each
+# with all the cores. Measured with `ffai bench vlm` on 2 cores: vision is most of the work, so
+# two 1-thread processes side by side leave the text process idle much of the time, while one
+# process holds one torch runtime and one set of weights instead of two (README, Speed).
+SHARED_PROCESS_MAX_CORES = 2
+SHARED_PROCESS = "engine"
+
+
+def shares_one_process(cores: int) -> bool:
+    return cores <= SHARED_PROCESS_MAX_CORES
+
+
 def pipeline_config(stages: Sequence[StageSpec], model_dir: Path, runtime: RuntimeOptions, cores: int) -> PipelineConfig:
-    """The engine's stages as a linear pipeline; the cores are shared out between its worker
-    processes so that stages running side by side do not oversubscribe the machine."""
-    processes = list(dict.fromkeys(spec.process for spec in stages))
+    """The engine's stages as a linear pipeline. On many cores each of the engine's processes
+    gets its share of them, so that stages running side by side do not oversubscribe the
+    machine; on few cores (``shares_one_process``) all stages share one process, serially."""
+    shared = shares_one_process(cores)
+    processes = [SHARED_PROCESS] if shared else list(dict.fromkeys(spec.process for spec in stages))
     threads = runtime.threads or max(1, cores // len(processes))
     configs = []
     for i, spec in enumerate(stages):
@@ -82,10 +97,11 @@ def pipeline_config(stages: Sequence[StageSpec], model_dir: Path, runtime: Runti
                 args=(str(model_dir), runtime),
                 next=() if last else (stages[i + 1].name,),
                 terminal=last,
-                process=spec.process,
+                process=SHARED_PROCESS if shared else spec.process,
             )
         )
-    return PipelineConfig(stages=tuple(configs), processes=tuple(ProcessConfig(p, threads=threads) for p in processes))
+    placed = tuple(ProcessConfig(p, threads=threads, serial=shared) for p in processes)
+    return PipelineConfig(stages=tuple(configs), processes=placed)
 
 
 class Captioner:
@@ -93,12 +109,17 @@ class Captioner:
 
     The pipeline starts on first use (workers load the weights then) and serves every input
     of the run; ``close()`` (or leaving the ``with`` block) stops the workers. ``inline=True``
-    runs the same stages as threads in this process: what a lone still needs.
+    runs the same stages as threads in this process: what a lone still needs, and what every
+    run gets on few cores (``shares_one_process``), where one process is all the stages get.
+    ``inline=False`` asks for worker processes whatever the cores; ``options.workers`` decides
+    when it is set.
     """
 
-    def __init__(self, options: CaptionOptions, *, inline: bool = False) -> None:
+    def __init__(self, options: CaptionOptions, *, inline: bool | None = None) -> None:
         self.options = options
-        self.inline = inline
+        if options.workers is not None:
+            inline = not options.workers
+        self.inline = shares_one_process(available_cores()) if inline is None else inline
         self.engine: Engine = registry.get_engine(options.engine)
         self.notice: str | None = None
         if options.model:

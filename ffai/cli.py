@@ -189,6 +189,10 @@ def caption(
     dtype: str = typer.Option("float32", "--dtype", help="float32 or bfloat16."),
     device: str = typer.Option("auto", "--device", help="cpu, cuda or auto."),
     threads: Optional[int] = typer.Option(None, "--threads", help="Torch threads per worker (default: the cores shared out)."),
+    workers: Optional[bool] = typer.Option(
+        None, "--workers/--no-workers",
+        help="Run the model in worker processes, or in this one (default: workers for video on more than 2 cores).",
+    ),
     max_in_flight: int = typer.Option(2, "--max-in-flight", help="Windows in the pipeline at once."),
     overwrite: bool = typer.Option(False, "-y", help="Overwrite existing outputs."),
     never_overwrite: bool = typer.Option(False, "-n", help="Never overwrite existing outputs (the default)."),
@@ -223,6 +227,7 @@ def caption(
         ),
         runtime=RuntimeOptions(dtype=dtype, device=device, threads=threads),
         max_in_flight=max_in_flight,
+        workers=workers,
     )
     show_progress = sys.stderr.isatty() if progress is None else progress
     failed = jobs.run_caption_jobs(

@@ -79,8 +79,9 @@ def run_caption_jobs(
             fail(e)
     if not probed:
         return failed
-    # Stills alone run inline; any video gets the worker pipeline (decoding overlaps compute).
-    inline = all(info.kind == "image" for _, info in probed)
+    # Stills alone run inline; video gets worker processes where there are cores enough for
+    # decoding and the stages to run side by side (Captioner decides).
+    inline = True if all(info.kind == "image" for _, info in probed) else None
     with Captioner(options, inline=inline) as captioner:
         if captioner.notice:
             warn(captioner.notice)

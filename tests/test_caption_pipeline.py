@@ -54,6 +54,18 @@ def test_threads_are_shared_out_between_workers():
     assert {p.threads for p in config.processes} == {3}
     assert [s.name for s in config.stages] == ["preprocess", "vision", "text"]
     assert config.stage("text").terminal and config.stage("preprocess").next == ("vision",)
+    assert not any(p.serial for p in config.processes)
+    # On two cores every stage shares one process and they take turns, each with both cores.
+    config = pipeline_config(ENGINE.stages(), Path("/m"), RuntimeOptions(), cores=2)
+    assert [(p.name, p.threads, p.serial) for p in config.processes] == [("engine", 2, True)]
+    assert {s.process for s in config.stages} == {"engine"}
+
+
+@pytest.mark.parametrize(("workers", "cores", "inline"), [(None, 2, True), (None, 4, False), (True, 2, False), (False, 4, True)])
+def test_placement_follows_cores_unless_asked(monkeypatch, tiny_checkpoint, workers, cores, inline):
+    monkeypatch.setattr("ffai.captioning.available_cores", lambda: cores)
+    options = CaptionOptions(model=str(tiny_checkpoint), workers=workers)
+    assert Captioner(options).inline is inline
 
 
 def test_max_in_flight_is_validated():
@@ -84,11 +96,12 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.slow
-def test_sigint_exits_130_keeps_finished_cues_and_leaves_no_worker(tiny_checkpoint, long_clip, tmp_path):
+@pytest.mark.parametrize("placement", ["--workers", "--no-workers"])
+def test_sigint_exits_130_keeps_finished_cues_and_leaves_no_worker(tiny_checkpoint, long_clip, tmp_path, placement):
     out = tmp_path / "long.jsonl"
     proc = subprocess.Popen(
         [sys.executable, "-m", "ffai", "caption", "-i", str(long_clip), "--model", str(tiny_checkpoint),
-         "--fps", "2", "--window", "1", "--max-new-tokens", "4", "-o", str(out)],
+         "--fps", "2", "--window", "1", "--max-new-tokens", "4", placement, "-o", str(out)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     deadline = time.monotonic() + 120
@@ -96,7 +109,7 @@ def test_sigint_exits_130_keeps_finished_cues_and_leaves_no_worker(tiny_checkpoi
         assert proc.poll() is None, proc.communicate()
         time.sleep(0.1)
     workers = _descendants(proc.pid)
-    assert workers, "the caption run should have worker processes"
+    assert bool(workers) == (placement == "--workers"), workers
     proc.send_signal(signal.SIGINT)
     start = time.monotonic()
     _, err = proc.communicate(timeout=30)

@@ -63,7 +63,7 @@ class _RecordingCaptioner(Captioner):
     """The caption path untouched; its coordinator is wrapped so the bench sees token ids."""
 
     def __init__(self, options: CaptionOptions) -> None:
-        super().__init__(options, inline=False)
+        super().__init__(options)  # placed as `ffai caption` places a video's stages
         self.answers: dict = {}
 
     @property
@@ -75,9 +75,8 @@ class FfaiArm:
     name = "ffai"
 
     def __init__(self, model_dir: Path, dtype: str, cores: int) -> None:
-        # The cores shared out between the worker processes, as `ffai caption` does by default.
-        processes = {spec.process for spec in registry.get_engine(None).stages()}
-        runtime = RuntimeOptions(dtype=dtype, device="cpu", threads=max(1, cores // len(processes)))
+        # Threads and processes as `ffai caption` chooses them for this machine's cores.
+        runtime = RuntimeOptions(dtype=dtype, device="cpu")
         options = CaptionOptions(model=str(model_dir), fps=cases.CLIP_FPS, window=cases.CLIP_WINDOW,
                                  decoding=cases.decoding(), runtime=runtime)
         self.captioner = _RecordingCaptioner(options)

@@ -85,10 +85,16 @@ class StageConfig:
 class ProcessConfig:
     """Settings of one worker process. ``threads`` is applied with ``torch.set_num_threads``
     (and the OpenMP/MKL environment) before any stage is built; ``init(*init_args,
-    **init_kwargs)`` runs next, once per process (seeds, loading shared state)."""
+    **init_kwargs)`` runs next, once per process (seeds, loading shared state).
+
+    ``serial=True`` makes the process's stages take turns: one stage function runs at a time,
+    each with all ``threads``. Stages sharing few cores otherwise run side by side, each with
+    its own OpenMP team, more threads than cores. (Inline, every stage is in the one process:
+    serial if any process asks for it.)"""
 
     name: str
     threads: int | None = None
+    serial: bool = False
     init: str | Callable[..., Any] | None = None
     init_args: tuple[Any, ...] = ()
     init_kwargs: dict[str, Any] = field(default_factory=dict)

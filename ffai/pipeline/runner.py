@@ -191,6 +191,7 @@ class InlineRunner:
             [s.name for s in self.config.stages],
             send=lambda target, msg: self._inbox.put((target, msg)),
             to_caller=self._results.put,
+            serial=any(p.serial for p in self.config.processes),
         )
         try:
             if threads:

@@ -70,17 +70,22 @@ class Channel:
         self.queue.close()
 
 
-def make_scheduler(config: StageConfig) -> Scheduler:
-    """Run the stage's factory; wrap a plain function in a SimpleScheduler."""
+def make_scheduler(config: StageConfig, turn: threading.Lock | None = None) -> Scheduler:
+    """Run the stage's factory; wrap a plain function in a SimpleScheduler. With ``turn``, the
+    function runs only while holding that lock (the process's stages take turns)."""
     made = resolve(config.factory)(*config.args, **config.kwargs)
     batching = config.max_batch_size > 1 or config.max_batch_wait_ms > 0 or config.batch_wait_when_idle
     if isinstance(made, Scheduler):
         if batching:
             raise ConfigError(f"stage {config.name!r}: batching options apply only when the factory returns a function")
+        if turn is not None:
+            raise ConfigError(f"stage {config.name!r}: a serial process needs stages that are functions, not Schedulers")
         return made
     if not callable(made):
         kind = type(made).__name__
         raise ConfigError(f"stage {config.name!r}: factory returned {kind}, not a Scheduler or a function")
+    if turn is not None:
+        made = _taking_turns(made, turn)
     if config.max_batch_size == 1:
         return SimpleScheduler(made)
     return SimpleScheduler(
@@ -89,6 +94,14 @@ def make_scheduler(config: StageConfig) -> Scheduler:
         max_batch_wait_ms=config.max_batch_wait_ms,
         batch_wait_when_idle=config.batch_wait_when_idle,
     )
+
+
+def _taking_turns(fn: Callable[[Any], Any], turn: threading.Lock) -> Callable[[Any], Any]:
+    def run(payload: Any) -> Any:
+        with turn:
+            return fn(payload)
+
+    return run
 
 
 def set_threads(threads: int) -> None:
@@ -113,10 +126,12 @@ class WorkerHost:
         stage_names: list[str],
         send: Callable[[str, Message], None],
         to_caller: Callable[[Message], None],
+        serial: bool = False,
     ) -> None:
         self.name = name
         self.config = config
         self.stage_names = stage_names
+        self._turn = threading.Lock() if serial else None
         self.stages: dict[str, Stage] = {}
         self._send_to_stage = send
         self._to_caller = to_caller
@@ -124,7 +139,7 @@ class WorkerHost:
     def build(self) -> None:
         for name in self.stage_names:
             stage_config = self.config.stage(name)
-            self.stages[name] = Stage(stage_config, make_scheduler(stage_config), self._send)
+            self.stages[name] = Stage(stage_config, make_scheduler(stage_config, self._turn), self._send)
 
     def start(self) -> None:
         for stage in self.stages.values():
@@ -182,6 +197,7 @@ def worker_main(
         config.placement()[name],
         send=lambda target, msg: channels[where[target]].put((target, msg)),
         to_caller=out.put,
+        serial=config.process_config(name).serial,
     )
     try:
         process = config.process_config(name)

@@ -270,3 +270,16 @@ def test_a_worker_ffai_error_travels_as_itself(shm_clean, no_orphans) -> None:
     assert str(caught.value) == "/m/model.safetensors: truncated"
     assert any("Traceback" in note for note in getattr(caught.value, "__notes__", []))
     no_orphans.extend(pipe.worker_pids().values())
+
+
+@pytest.mark.parametrize("inline", [False, True], ids=["processes", "inline"])
+@pytest.mark.parametrize("serial", [True, False], ids=["serial", "side-by-side"])
+def test_a_serial_process_runs_one_stage_at_a_time(inline, serial, no_orphans) -> None:
+    with Coordinator(toy.turns_config(serial), inline=inline, max_in_flight=4) as pipe:
+        no_orphans.extend(pipe.worker_pids().values())
+        futures = [pipe.submit(i, {"ran": []}) for i in range(4)]
+        runs = sorted(run for f in futures for run in f.result(RESULT_TIMEOUT)["ran"])
+    assert len(runs) == 8
+    overlaps = [(a, b) for a, b in zip(runs, runs[1:]) if b[0] < a[1]]
+    # Side by side, the second stage works on one request while the first takes the next.
+    assert not overlaps if serial else overlaps

@@ -242,3 +242,23 @@ def model_error_factory() -> None:
     from ffai.errors import ModelError
 
     raise ModelError("/m/model.safetensors: truncated")
+
+
+# -- serial processes: stages taking turns ----------------------------------------------------
+
+
+def timed(payload: dict[str, Any]) -> dict[str, Any]:
+    """Sleeps a little and records when it ran: (start, end) appended to ``payload["ran"]``."""
+    start = time.monotonic()
+    time.sleep(0.15)
+    return {"ran": [*payload["ran"], (start, time.monotonic())]}
+
+
+def turns_config(serial: bool) -> PipelineConfig:
+    return PipelineConfig(
+        stages=[
+            StageConfig("first", ref("make"), args=("timed",), next="second", process="one"),
+            StageConfig("second", ref("make"), args=("timed",), terminal=True, process="one"),
+        ],
+        processes=[ProcessConfig("one", serial=serial)],
+    )
