@@ -112,14 +112,16 @@ class Captioner:
     runs the same stages as threads in this process: what a lone still needs, and what every
     run gets on few cores (``shares_one_process``), where one process is all the stages get.
     ``inline=False`` asks for worker processes whatever the cores; ``options.workers`` decides
-    when it is set.
+    when it is set. ``cores`` (default: those this process may run on) is what placement and
+    thread counts are planned for.
     """
 
-    def __init__(self, options: CaptionOptions, *, inline: bool | None = None) -> None:
+    def __init__(self, options: CaptionOptions, *, inline: bool | None = None, cores: int | None = None) -> None:
         self.options = options
+        self.cores = cores or available_cores()
         if options.workers is not None:
             inline = not options.workers
-        self.inline = shares_one_process(available_cores()) if inline is None else inline
+        self.inline = shares_one_process(self.cores) if inline is None else inline
         self.engine: Engine = registry.get_engine(options.engine)
         self.notice: str | None = None
         if options.model:
@@ -144,7 +146,7 @@ class Captioner:
     @property
     def pipe(self) -> Coordinator:
         if self._pipe is None:
-            config = pipeline_config(self.engine.stages(), self.model_dir, self.options.runtime, available_cores())
+            config = pipeline_config(self.engine.stages(), self.model_dir, self.options.runtime, self.cores)
             self._pipe = Coordinator(config, inline=self.inline, max_in_flight=self.options.max_in_flight).start()
         return self._pipe
 

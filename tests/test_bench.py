@@ -117,7 +117,7 @@ def test_bench_on_the_tiny_checkpoint(tiny_checkpoint, tmp_path):
         assert record["tokens"]["equal"] and not record["ffai_imports_transformers"]
         for arm in ("ffai", "reference"):
             assert record[arm]["peak_rss"] > 50 * 2**20 and record[arm]["median_s"] > 0
-        assert record["ffai"]["torch_threads"] == {"vision": 1, "text": 1}
+        assert record["ffai"]["torch_threads"] == {"engine": 1}  # one core: all stages in one process
         assert record["reference"]["torch_threads"] == {"main": 1}
     assert "gates" in proc.stderr and "correctness" in proc.stderr  # the rich tables
     lines = ledger_file.read_text().splitlines()

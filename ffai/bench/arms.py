@@ -62,8 +62,8 @@ class _Recorder:
 class _RecordingCaptioner(Captioner):
     """The caption path untouched; its coordinator is wrapped so the bench sees token ids."""
 
-    def __init__(self, options: CaptionOptions) -> None:
-        super().__init__(options)  # placed as `ffai caption` places a video's stages
+    def __init__(self, options: CaptionOptions, cores: int) -> None:
+        super().__init__(options, cores=cores)  # placed as `ffai caption` places a video's stages
         self.answers: dict = {}
 
     @property
@@ -79,7 +79,7 @@ class FfaiArm:
         runtime = RuntimeOptions(dtype=dtype, device="cpu")
         options = CaptionOptions(model=str(model_dir), fps=cases.CLIP_FPS, window=cases.CLIP_WINDOW,
                                  decoding=cases.decoding(), runtime=runtime)
-        self.captioner = _RecordingCaptioner(options)
+        self.captioner = _RecordingCaptioner(options, cores)
 
     def load(self) -> None:
         self.captioner.pipe  # starts the workers; each loads its part of the weights before ready
