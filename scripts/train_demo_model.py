@@ -16,8 +16,11 @@ with ``save_pretrained``, so its tensor names are those of the real checkpoint.
   the same token ids and pixels. The loss covers only the answer and ``<end_of_utterance>``.
 - Samples: stills (split path) and windows of 1-8 frames of one scene, still or moving, drawn
   at several canvas sizes; geometry cells of the ``heldout`` split are never drawn.
+- Two phases: the vision tower first learns shape/colour/background through a training-only
+  label head on single frames (cheap, and the caption loss alone is slow to teach shapes),
+  then the connector and text tower learn the captions with the vision tower frozen.
 
-Usage: python scripts/train_demo_model.py [--out models/smolvlm-demo] [--steps 900] [--seed 0]
+Usage: python scripts/train_demo_model.py [--out models/smolvlm-demo] [--seed 0] [--vision-steps N] [--steps N]
 Writes the folder (atomically), its RECIPE.md and the manifest ``models/smolvlm-demo.toml``.
 """
 
@@ -63,7 +66,11 @@ class Recipe:
     """Everything that decides the weights; written to RECIPE.md."""
 
     seed: int = 0
-    steps: int = 900
+    # Phase 1: the vision tower alone, on single frames, with a training-only label head.
+    vision_steps: int = 1500
+    vision_batch: int = 32
+    # Phase 2: connector + text tower on captions, the vision tower frozen.
+    steps: int = 400
     batch: int = 32
     lr: float = 1.5e-3
     warmup: int = 60
@@ -75,7 +82,7 @@ class Recipe:
     # A window has n frames with probability proportional to n ** -frame_decay: shapes are
     # learnt per frame, so short windows teach as much for less vision compute.
     frame_decay: float = 2.0
-    aux_weight: float = 1.0  # weight of the per-patch shape loss on the vision tower (see train)
+    cut_share: float = 0.15  # windows that straddle a cut between two scenes (see SampleMaker._cut)
     # Canvas sizes (width, height) a sample is rendered at; the preprocessor squashes each to 64 x 64.
     canvases: tuple[tuple[int, int], ...] = ((128, 96), (96, 96), (160, 120), (64, 64), (96, 72), (112, 84))
     vision_hidden: int = 128
@@ -227,7 +234,7 @@ class Sample:
     input_ids: list[int]
     labels: list[int]  # -100 on the prompt
     pixel_values: object  # (n_images, 3, 64, 64) float32 tensor
-    patch_labels: object  # (n_images, patches) long: 0 background, 1 + shape index where the shape is
+    image_labels: object  # (n_images, 3) long: shape, colour, background indices (LabelHead)
 
 
 class SampleMaker:
@@ -251,36 +258,57 @@ class SampleMaker:
         return self.tokenizer.encode(" " + caption, add_special_tokens=False).ids + [self.end_id]
 
     def sample(self) -> Sample:
+        import torch
         from ffai.engine import DecodingOptions
         from ffai_smolvlm.engine import prompt_text
         from ffai_smolvlm.preprocess import preprocess_images
 
         r = self.recipe
-        scene = demo_scenes.sample_scene(self.rng, "train")
+        canvas = self.rng.choice(r.canvases)
         split = self.rng.random() < r.still_share
-        n = 1 if split else self.rng.choices(range(1, r.max_frames + 1), self.frame_weights)[0]
-        images = demo_scenes.render(scene, n, self.rng.choice(r.canvases))
+        if not split and self.rng.random() < r.cut_share:
+            scenes, scene = self._cut(self.rng.randint(2, r.max_frames), canvas)
+        else:
+            scene = demo_scenes.sample_scene(self.rng, "train")
+            n = 1 if split else self.rng.choices(range(1, r.max_frames + 1), self.frame_weights)[0]
+            scenes = [(scene, image) for image in demo_scenes.render(scene, n, canvas)]
+        images = [image for _, image in scenes]
         batch = preprocess_images(images, self.processor, split=split)
-        prompt = self.prompts.build(batch.grids, prompt_text(DecodingOptions(), n, split), self.processor.image_seq_len)
+        text = prompt_text(DecodingOptions(), len(images), split)
+        prompt = self.prompts.build(batch.grids, text, self.processor.image_seq_len)
         answer = self.answer_ids(demo_scenes.caption(scene))
-        patches = patch_labels(batch.pixel_values, scene, self.processor)
-        return Sample(prompt + answer, [-100] * len(prompt) + answer, batch.pixel_values, patches)
+        labels = torch.cat([scene_labels(s) for s, _ in scenes])  # each frame's own scene
+        return Sample(prompt + answer, [-100] * len(prompt) + answer, batch.pixel_values, labels)
+
+    def _cut(self, n: int, canvas: tuple[int, int]):
+        """A window across a scene cut: k frames of one scene, then n - k of another. Its caption
+        is the scene with more frames, the first on a tie, so that a window straddling two
+        scenes of a video gets one of their captions rather than a blend of both."""
+        first, second = demo_scenes.sample_scene(self.rng, "train"), demo_scenes.sample_scene(self.rng, "train")
+        k = self.rng.randint(1, n - 1)
+        frames = [(first, im) for im in demo_scenes.render(first, n, canvas)[:k]]
+        frames += [(second, im) for im in demo_scenes.render(second, n, canvas)[k:]]
+        return frames, first if k >= n - k else second
+
+    def frames(self, n: int):
+        """``n`` single frames of ``n`` scenes for phase 1: (n, 3, 64, 64) pixels, (n, 3) labels."""
+        import torch
+        from ffai_smolvlm.preprocess import preprocess_images
+
+        scenes = [demo_scenes.sample_scene(self.rng, "train") for _ in range(n)]
+        images = [demo_scenes.render(s, 1, self.rng.choice(self.recipe.canvases))[0] for s in scenes]
+        pixels = preprocess_images(images, self.processor, split=False).pixel_values
+        return pixels, torch.cat([scene_labels(s) for s in scenes])
 
 
-def patch_labels(pixel_values, scene: demo_scenes.Scene, processor, min_cover: float = 0.25):
-    """Per vision patch, the shape's class where it covers at least ``min_cover`` of the patch,
-    else 0: dense targets for the auxiliary loss, read off the very pixels the model sees."""
+def scene_labels(scene: demo_scenes.Scene):
     import torch
 
-    mean = torch.tensor(processor.image_mean).view(1, 3, 1, 1)
-    std = torch.tensor(processor.image_std).view(1, 3, 1, 1)
-    bg = (torch.tensor(demo_scenes.BACKGROUNDS[scene.background]).view(1, 3, 1, 1) / 255 - mean) / std
-    fg = ((pixel_values - bg).abs().sum(dim=1) > 0.3).float()  # (n, H, W): not background
-    n, h, w = fg.shape
-    side = h // PATCH
-    cover = fg.view(n, side, PATCH, side, PATCH).mean(dim=(2, 4))  # (n, side, side), row-major like the ViT
-    labels = (cover >= min_cover).long() * (1 + demo_scenes.SHAPES.index(scene.shape))
-    return labels.flatten(1)  # (n, side * side)
+    return torch.tensor([[
+        demo_scenes.SHAPES.index(scene.shape),
+        list(demo_scenes.COLOURS).index(scene.colour),
+        list(demo_scenes.BACKGROUNDS).index(scene.background),
+    ]])
 
 
 def collate(samples: list[Sample], pad_id: int) -> dict:
@@ -300,18 +328,18 @@ def collate(samples: list[Sample], pad_id: int) -> dict:
         labels[i, :t] = torch.tensor(s.labels)
         mask[i, :t] = 1
         pixels[i, : s.pixel_values.shape[0]] = s.pixel_values
-    patch_labels = torch.cat([s.patch_labels for s in samples])  # (real images, patches), batch order
-    return {"input_ids": ids, "labels": labels, "attention_mask": mask, "pixel_values": pixels}, patch_labels
+    image_labels = torch.cat([s.image_labels for s in samples])  # (real images, 3), in batch order
+    return {"input_ids": ids, "labels": labels, "attention_mask": mask, "pixel_values": pixels}, image_labels
 
 
 # --- training ----------------------------------------------------------------------------------
 
 
-def lr_at(step: int, recipe: Recipe) -> float:
-    """Linear warmup, then cosine decay to a tenth of the peak."""
+def lr_at(step: int, steps: int, recipe: Recipe) -> float:
+    """Linear warmup, then cosine decay to a tenth of the peak over ``steps``."""
     if step < recipe.warmup:
         return recipe.lr * (step + 1) / recipe.warmup
-    progress = (step - recipe.warmup) / max(1, recipe.steps - recipe.warmup)
+    progress = (step - recipe.warmup) / max(1, steps - recipe.warmup)
     return recipe.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
@@ -333,49 +361,108 @@ def slot_accuracy(logits, labels) -> dict[str, float]:
     }
 
 
+class LabelHead:
+    """Training-only classifier on the vision tower's output (never saved).
+
+    The caption loss reaches the vision tower through one shape token and a text tower that
+    starts random; on its own it leaves the shape word at chance for many hundreds of steps on
+    this CPU budget. A direct shape/colour/background loss on the tower's features teaches it
+    in a few hundred cheap vision-only steps (phase 1).
+
+    Each patch votes with its own logits and the image takes the strongest vote per class (max
+    over patches): a shape is told by a few patches (a corner, a point of a star), which a mean
+    over all patches drowns in background; measured on this task, shape accuracy after 350
+    steps was 0.82 with the max against 0.40 with the mean.
+    """
+
+    def __init__(self, hidden: int) -> None:
+        import torch
+
+        self.sizes = (len(demo_scenes.SHAPES), len(demo_scenes.COLOURS), len(demo_scenes.BACKGROUNDS))
+        self.linear = torch.nn.Linear(hidden, sum(self.sizes))
+
+    def loss(self, features, labels):
+        """(N, patches, D) vision output, (N, 3) labels -> summed cross-entropy, shape accuracy."""
+        import torch.nn.functional as F
+
+        logits = self.linear(features).amax(dim=1).split(self.sizes, dim=-1)
+        loss = sum(F.cross_entropy(lg, labels[:, k]) for k, lg in enumerate(logits))
+        shape_acc = float((logits[0].argmax(-1) == labels[:, 0]).float().mean())
+        return loss, shape_acc
+
+
+def adamw(params, recipe: Recipe):
+    import torch
+
+    params = list(params)
+    decay = [p for p in params if p.ndim >= 2]
+    no_decay = [p for p in params if p.ndim < 2]
+    groups = [{"params": decay, "weight_decay": recipe.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=recipe.lr, betas=(0.9, 0.98))
+
+
+def step_optimizer(optim, loss, params, step: int, steps: int, recipe: Recipe) -> None:
+    import torch
+
+    for group in optim.param_groups:
+        group["lr"] = lr_at(step, steps, recipe)
+    optim.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, recipe.grad_clip)
+    optim.step()
+
+
+def pretrain_vision(model, head: LabelHead, maker: SampleMaker, recipe: Recipe, log) -> list:
+    """Phase 1: vision tower + label head on single frames."""
+    vision = model.model.vision_model
+    params = [*vision.parameters(), *head.linear.parameters()]
+    optim = adamw(params, recipe)
+    history, accs, started = [], [], time.perf_counter()
+    for step in range(recipe.vision_steps):
+        pixels, labels = maker.frames(recipe.vision_batch)
+        loss, acc = head.loss(vision(pixel_values=pixels).last_hidden_state, labels)
+        step_optimizer(optim, loss, params, step, recipe.vision_steps, recipe)
+        accs.append(acc)
+        if (step + 1) % 50 == 0:
+            recent = sum(accs[-50:]) / 50
+            history.append((step + 1, loss.item(), recent))
+            log(f"vision step {step + 1:4d}  label loss {loss.item():.4f}  shape acc (last 50) {recent:.2f}  {time.perf_counter() - started:.0f} s")
+    return history
+
+
+def train_captions(model, maker: SampleMaker, recipe: Recipe, pad_id: int, log) -> list:
+    """Phase 2: connector and text tower on captions (loss on the answer), the vision tower
+    frozen as phase 1 left it: no backward pass through it, so a step costs about half."""
+    model.model.vision_model.requires_grad_(False)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optim = adamw(params, recipe)
+    history, started = [], time.perf_counter()
+    for step in range(recipe.steps):
+        batch, _ = collate([maker.sample() for _ in range(recipe.batch)], pad_id)
+        out = model(**batch)
+        step_optimizer(optim, out.loss, params, step, recipe.steps, recipe)
+        if step % 25 == 0 or step == recipe.steps - 1:
+            loss, acc = out.loss.item(), slot_accuracy(out.logits.detach(), batch["labels"])
+            history.append((step, loss, acc))
+            slots = "  ".join(f"{k} {v:.2f}" for k, v in acc.items())
+            log(f"caption step {step:4d}  loss {loss:.4f}  {slots}  {time.perf_counter() - started:.0f} s")
+    model.model.vision_model.requires_grad_(True)
+    return history
+
+
 def train(folder: Path, recipe: Recipe, vocab_size: int, ids: dict[str, int], log=print):
+    """Both phases on a fresh model; returns the model and the two phases' logs."""
     import torch
     from transformers import Idefics3ForConditionalGeneration
 
     torch.manual_seed(recipe.seed)
     torch.set_num_threads(recipe.threads)
     model = Idefics3ForConditionalGeneration(model_config(recipe, vocab_size, ids)).float().train()
+    head = LabelHead(recipe.vision_hidden)
     maker = SampleMaker(folder, recipe, random.Random(recipe.seed))
-    # Auxiliary head (training only, not saved): per-patch shape classes from the vision tower.
-    # Dense targets teach the tower colour-independent shape features far sooner than the few
-    # caption tokens can; the caption loss alone leaves shape at chance for hundreds of steps.
-    aux_head = torch.nn.Linear(recipe.vision_hidden, 1 + len(demo_scenes.SHAPES))
-    vision_out = []
-    model.model.vision_model.register_forward_hook(lambda mod, args, out: vision_out.append(out.last_hidden_state))
-    params = [*model.named_parameters(), *(("aux." + n, p) for n, p in aux_head.named_parameters())]
-    decay = [p for n, p in params if p.ndim >= 2]
-    no_decay = [p for n, p in params if p.ndim < 2]
-    optim = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": recipe.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=recipe.lr,
-        betas=(0.9, 0.98),
-    )
-    history = []
-    started = time.perf_counter()
-    for step in range(recipe.steps):
-        for group in optim.param_groups:
-            group["lr"] = lr_at(step, recipe)
-        batch, patch_targets = collate([maker.sample() for _ in range(recipe.batch)], ids["<|im_end|>"])
-        vision_out.clear()
-        out = model(**batch)
-        aux_logits = aux_head(vision_out[0])  # (real images, patches, classes)
-        aux_loss = torch.nn.functional.cross_entropy(aux_logits.flatten(0, 1), patch_targets.flatten())
-        optim.zero_grad(set_to_none=True)
-        (out.loss + recipe.aux_weight * aux_loss).backward()
-        torch.nn.utils.clip_grad_norm_([p for _, p in params], recipe.grad_clip)
-        optim.step()
-        if step % 25 == 0 or step == recipe.steps - 1:
-            loss, acc = out.loss.item(), slot_accuracy(out.logits.detach(), batch["labels"])
-            history.append((step, loss, acc))
-            elapsed = time.perf_counter() - started
-            slots = "  ".join(f"{k} {v:.2f}" for k, v in acc.items())
-            log(f"step {step:4d}  loss {loss:.4f}  aux {aux_loss.item():.4f}  {slots}  lr {lr_at(step, recipe):.2e}  {elapsed:.0f} s")
-    return model.eval(), history
+    vision_history = pretrain_vision(model, head, maker, recipe, log)
+    caption_history = train_captions(model, maker, recipe, ids["<|im_end|>"], log)
+    return model.eval(), (vision_history, caption_history)
 
 
 # --- release -----------------------------------------------------------------------------------
@@ -412,7 +499,11 @@ def write_recipe(folder: Path, recipe: Recipe, vocab_size: int, history, wall_s:
     import transformers
 
     r = asdict(recipe)
-    losses = "\n".join(f"| {s} | {loss:.4f} | " + " | ".join(f"{acc[k]:.2f}" for k in ANSWER_SLOTS) + " |" for s, loss, acc in history)
+    vision_history, caption_history = history
+    vision_rows = "\n".join(f"| {s} | {loss:.4f} | {acc:.2f} |" for s, loss, acc in vision_history)
+    caption_rows = "\n".join(
+        f"| {s} | {loss:.4f} | " + " | ".join(f"{acc[k]:.2f}" for k in ANSWER_SLOTS) + " |" for s, loss, acc in caption_history
+    )
     acc_line = "not measured (--no-eval)"
     if accuracy is not None:
         acc_line = f"{accuracy[0]}/{accuracy[1]} = {100 * accuracy[0] / accuracy[1]:.1f} % exact captions"
@@ -423,21 +514,23 @@ A tiny Idefics3 (SmolVLM architecture) trained from scratch on synthetic scenes,
 "a red circle on a blue background" for one shape on a plain background. Anything else gets a
 caption of that form too.
 
-Rebuild: `python scripts/train_demo_model.py --steps {recipe.steps} --seed {recipe.seed}`
+Rebuild: `python scripts/train_demo_model.py --seed {recipe.seed}` (the defaults are the recipe below)
 Evaluate: `python scripts/eval_demo_model.py`
 
 ## Data (scripts/demo_scenes.py)
 
-- shapes {", ".join(demo_scenes.SHAPES)}; colours {", ".join(demo_scenes.COLOURS)};
-  backgrounds {", ".join(demo_scenes.BACKGROUNDS)} (never the shape's colour):
+- shapes {", ".join(demo_scenes.SHAPES)}; bright colours {", ".join(demo_scenes.COLOURS)};
+  dark backgrounds {", ".join(demo_scenes.BACKGROUNDS)} (never the shape's colour name):
   {len(demo_scenes.all_captions())} captions
 - radius {demo_scenes.RADIUS[0]}-{demo_scenes.RADIUS[1]} of the short side, centre within
   [{demo_scenes.EDGE}, {1 - demo_scenes.EDGE}], {int(100 * demo_scenes.MOVING_SHARE)} % moving in one of
   {demo_scenes.DIRECTIONS} directions over {demo_scenes.TRAVEL[0]}-{demo_scenes.TRAVEL[1]} of the frame
 - held out: one geometry cell (size x start position x motion) in {demo_scenes.HELDOUT_ONE_IN}, never trained on
 - samples: {int(100 * recipe.still_share)} % stills (split=True, "Describe this image."), the rest windows of
-  1-{recipe.max_frames} frames of one scene (split=False); canvases {", ".join(f"{w}x{h}" for w, h in recipe.canvases)}
-- inputs built by the engine's preprocess_images + PromptBuilder; loss on the answer and `<end_of_utterance>` only
+  1-{recipe.max_frames} frames of one scene (split=False), n frames with weight n^-{recipe.frame_decay};
+  {int(100 * recipe.cut_share)} % of windows straddle a cut between two scenes and take the caption of the scene
+  with more frames (the first on a tie); canvases {", ".join(f"{w}x{h}" for w, h in recipe.canvases)}
+- inputs built by the engine's preprocess_images + PromptBuilder; caption loss on the answer and `<end_of_utterance>` only
 
 ## Model
 
@@ -452,16 +545,28 @@ Evaluate: `python scripts/eval_demo_model.py`
 
 ## Training
 
-- {json.dumps(r)}
-- optimiser AdamW (betas 0.9, 0.98), linear warmup then cosine to 10 % of the peak lr
-- torch {torch.__version__}, {recipe.threads} CPU threads, wall time {wall_s / 60:.1f} min
-- held-out accuracy at release (engine, greedy): {acc_line}
+- phase 1, {recipe.vision_steps} steps: the vision tower alone on batches of {recipe.vision_batch} single frames, with a
+  training-only linear head on each patch, max-pooled over the patches, predicting shape, colour
+  and background
+  (the caption loss alone leaves the shape word at chance for hundreds of steps)
+- phase 2, {recipe.steps} steps: connector and text tower on batches of {recipe.batch} captioned samples,
+  caption loss only, the vision tower frozen; the head is discarded
+- each phase: AdamW (betas 0.9, 0.98), lr {recipe.lr}, {recipe.warmup} warmup steps, cosine to 10 % of the peak
+- recipe: `{json.dumps(r)}`
+- torch {torch.__version__}, {recipe.threads} CPU threads, wall time {wall_s / 60:.1f} min (both phases; the CPU was shared)
+- held-out accuracy at release (engine, greedy, `scripts/eval_demo_model.py`): {acc_line}
 
-Teacher-forced accuracy of the three words read off the image, on each logged training batch:
+Phase 1, label-head loss and shape accuracy over the last 50 batches:
+
+| step | loss | shape |
+|---|---|---|
+{vision_rows}
+
+Phase 2, caption loss and teacher-forced accuracy of the words read off the image (logged batch):
 
 | step | loss | colour | shape | background |
 |---|---|---|---|---|
-{losses}
+{caption_rows}
 """
     (folder / DOC_FILE).write_text(text, encoding="utf-8")
 
@@ -510,14 +615,15 @@ def build(out: Path, recipe: Recipe, *, evaluate: bool = True, manifest: Path | 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    parser.add_argument("--steps", type=int, default=Recipe.steps)
+    parser.add_argument("--vision-steps", type=int, default=Recipe.vision_steps)
+    parser.add_argument("--steps", type=int, default=Recipe.steps, help="caption (phase 2) steps")
     parser.add_argument("--seed", type=int, default=Recipe.seed)
     parser.add_argument("--batch", type=int, default=Recipe.batch)
     parser.add_argument("--lr", type=float, default=Recipe.lr)
     parser.add_argument("--no-eval", action="store_true", help="skip the held-out evaluation at the end")
     parser.add_argument("--manifest", type=Path, default=None, help=f"write the manifest here (default: models/{MANIFEST_NAME}.toml when --out is the default)")
     args = parser.parse_args(argv)
-    recipe = Recipe(seed=args.seed, steps=args.steps, batch=args.batch, lr=args.lr)
+    recipe = Recipe(seed=args.seed, vision_steps=args.vision_steps, steps=args.steps, batch=args.batch, lr=args.lr)
     manifest = args.manifest
     if manifest is None and args.out.resolve() == DEFAULT_OUT:
         manifest = REPO / "models" / f"{MANIFEST_NAME}.toml"
