@@ -10,8 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
+from torch.nn import functional as F
 
-from ffai_smolvlm.text import fuse_linears, rope_cos_sin, still_fused
+from ffai_smolvlm.text import fuse_linears, linear, rope_cos_sin, still_fused
 from ffai_smolvlm.weights import load_model
 
 
@@ -88,6 +89,24 @@ def test_building_the_model_skips_torch_symbolic_machinery(tiny_checkpoint):
     code = f"import sys; from ffai_smolvlm.weights import load_model; load_model({str(tiny_checkpoint)!r}); print('sympy' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "False", out.stderr
+
+
+@pytest.mark.parametrize("threads", [2, 3, 4])
+@pytest.mark.parametrize("shape", [(960, 576), (576, 576), (3072, 576), (576, 1536), (49280, 576), (256, 64), (768, 96), (36, 24), (24, 1536)])
+def test_a_one_row_linear_over_threads_equals_f_linear_bit_for_bit(shape, threads):
+    """The decode step's matrix-vector products, with SmolVLM-256M's shapes (and the tiny
+    config's), split over threads: every output identical to F.linear's."""
+    torch.manual_seed(shape[0] + threads)
+    weight = torch.randn(shape)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for x in (torch.randn(1, 1, shape[1]), torch.randn(1, shape[1]), torch.randn(1, 5, shape[1])[:, -1:]):
+            assert torch.equal(linear(x, weight), F.linear(x, weight))
+        wide = torch.randn(2, 3, shape[1])  # more than one row: F.linear itself
+        assert torch.equal(linear(wide, weight), F.linear(wide, weight))
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_fused_linears_equal_separate_ones_bit_for_bit():
