@@ -124,6 +124,30 @@ def test_fused_linears_equal_separate_ones_bit_for_bit():
     assert not still_fused(fused, *linears)
 
 
+def _whole_batch(vision, pixels, mask):
+    """The vision tower over every tile at once, as the reference runs it."""
+    x = vision.embeddings(pixels, mask)
+    key_mask = None if bool(mask.all()) else mask.reshape(mask.shape[0], 1, 1, -1)
+    for layer in vision.layers:
+        x = layer(x, key_mask)
+    return vision.post_layernorm(x)
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_vision_tile_by_tile_equals_the_whole_batch(model, padded):
+    from ffai_smolvlm.model import patch_mask
+
+    torch.manual_seed(3)
+    size = model.cfg.vision.image_size
+    pixels = torch.randn(5, 3, size, size)
+    mask = torch.ones(5, size, size, dtype=torch.bool)
+    if padded:
+        mask[2, :, size // 2 :] = False  # one tile half padding: every tile takes the masked path
+    patches = patch_mask(mask, model.cfg.vision.patch_size)
+    with torch.no_grad():
+        assert torch.equal(model.vision(pixels, patches), _whole_batch(model.vision, pixels, patches))
+
+
 def test_fused_model_equals_unfused_model(model, tiny_checkpoint):
     plain = load_model(tiny_checkpoint)
     unfuse(plain)

@@ -135,9 +135,19 @@ class VisionTransformer(nn.Module):
             layer.self_attn.fuse()
 
     def forward(self, pixels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        x = self.embeddings(pixels, mask)
-        # Without padding no mask at all, so SDPA takes the same unmasked path as the reference.
-        key_mask = None if bool(mask.all()) else mask.reshape(mask.shape[0], 1, 1, -1)  # (N, 1, 1, T)
-        for layer in self.layers:
-            x = layer(x, key_mask)
-        return self.post_layernorm(x)
+        """Tile by tile: a tile's features depend on that tile alone, and one at a time they come
+        out bit for bit as from the whole batch at once (tests/test_smolvlm_fast_paths.py), as
+        fast, with a 1/N share of the activations: an 8-frame window or a 17-tile still no longer
+        holds every tile's 1024 x 3072 MLP activations at the same time."""
+        # Without padding no mask at all, so SDPA takes the same unmasked path as the reference;
+        # with padding anywhere in the batch, every tile takes the masked path, as there.
+        masked = not bool(mask.all())
+        out = []
+        for i in range(pixels.shape[0]):
+            tile_mask = mask[i : i + 1]
+            x = self.embeddings(pixels[i : i + 1], tile_mask)  # (1, T, D)
+            key_mask = tile_mask.reshape(1, 1, 1, -1) if masked else None  # (1, 1, 1, T)
+            for layer in self.layers:
+                x = layer(x, key_mask)
+            out.append(self.post_layernorm(x))
+        return torch.cat(out) if out else self.post_layernorm(self.embeddings(pixels, mask))  # (N, T, D)
