@@ -132,7 +132,8 @@ class _Filler:
     group, back to back, so fusing copies nothing; every other tensor stays a view of the
     memory-mapped file (pages are read when first used, and only those used: an embedding row).
     Reading a group's tensors through the map instead would leave their pages resident in this
-    process beside the fused copy: about 350 MB twice over for SmolVLM-256M.
+    process beside the fused copy: about 350 MB twice over for SmolVLM-256M. For the same
+    reason a tensor cast to another dtype (``--dtype bfloat16``) is read, not mapped.
     """
 
     def __init__(self, params: dict, wanted: set, dtype: torch.dtype, device, tied: bool, groups=()) -> None:
@@ -155,7 +156,7 @@ class _Filler:
 
         try:
             with safe_open(str(path), framework="pt", device="cpu") as f, open(path, "rb") as raw:
-                header = _RawHeader(raw) if self.slots else None
+                header = _RawHeader(raw)
                 for name in f.keys():
                     self._take(path, f, name, header)
         except (SafetensorError, OSError, RuntimeError, ValueError) as e:
@@ -176,8 +177,10 @@ class _Filler:
             raise ModelError(f"{path}: tensor {name} has shape {list(found)}, expected {list(expected)}")
         if target in self.slots:
             self.state[target] = header.read_into(name, self.slots[target], f)
-        elif target in self.wanted:
-            self.state[target] = f.get_tensor(name).to(device=self.device, dtype=self.dtype)
+        elif target in self.wanted and header.stored_as(name, self.dtype) and torch.device(self.device).type == "cpu":
+            self.state[target] = f.get_tensor(name)  # a view of the map: pages read when used
+        elif target in self.wanted:  # cast or moved: read, not mapped, so no page stays behind
+            self.state[target] = header.read_into(name, torch.empty(expected, dtype=self.dtype, device=self.device), f)
 
     def missing(self) -> list[str]:
         return [checkpoint_name(name) or name for name in self.params if name not in self.seen]
@@ -196,6 +199,9 @@ class _RawHeader:
         size = int.from_bytes(raw.read(8), "little")
         self.entries = json.loads(raw.read(size))
         self.data_start = 8 + size
+
+    def stored_as(self, name: str, dtype: torch.dtype) -> bool:
+        return _FILE_DTYPES.get(self.entries[name]["dtype"]) == dtype
 
     def read_into(self, name: str, dst: torch.Tensor, f) -> torch.Tensor:
         """Fill ``dst`` (same shape) with tensor ``name``, cast to dst's dtype; returns dst."""
