@@ -95,6 +95,13 @@ def _alive(pid: int) -> bool:
     return state != "Z"  # a zombie has exited; this container's init may not reap it
 
 
+def _sigint_as_in_a_terminal() -> None:
+    """A process started in the background by a script (CI runners do) inherits SIGINT
+    ignored, and Python then never raises KeyboardInterrupt. A Ctrl-C at a terminal reaches a
+    foreground process whose SIGINT has its default disposition: give the child that."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("placement", ["--workers", "--no-workers"])
 def test_sigint_exits_130_keeps_finished_cues_and_leaves_no_worker(tiny_checkpoint, long_clip, tmp_path, placement):
@@ -102,7 +109,7 @@ def test_sigint_exits_130_keeps_finished_cues_and_leaves_no_worker(tiny_checkpoi
     proc = subprocess.Popen(
         [sys.executable, "-m", "ffai", "caption", "-i", str(long_clip), "--model", str(tiny_checkpoint),
          "--fps", "2", "--window", "1", "--max-new-tokens", "4", placement, "-o", str(out)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_sigint_as_in_a_terminal,
     )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and (not out.exists() or out.read_text().count("\n") < 2):
