@@ -162,7 +162,7 @@ class _Filler:
         except (SafetensorError, OSError, RuntimeError, ValueError) as e:
             raise ModelError(f"{path}: not a readable safetensors file: {e}") from e
 
-    def _take(self, path: Path, f, name: str, header: "_RawHeader | None") -> None:
+    def _take(self, path: Path, f, name: str, header: "_RawHeader") -> None:
         if self.tied and name == TIED_HEAD:
             return  # the head is the embedding matrix; a stored copy is redundant
         target = module_name(name)

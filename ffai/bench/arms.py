@@ -6,7 +6,7 @@ prints one JSON object on stdout. In that process: load the model (untimed), ans
 first item once (warm-up, untimed), then run the whole case once, timed. The parent measures the
 process tree's peak RSS, so each arm's footprint is its own.
 
-- ``ffai``: the engine through the worker pipeline, as ``ffai caption`` runs it (a ``Captioner``
+- ``ffai``: the engine through the pipeline, placed as ``ffai caption`` places it (a ``Captioner``
   whose coordinator is watched to keep every Answer's tokens). The ``clip`` case is the whole
   caption path: probe, decode, sample, window, pipeline, cues in order. This arm never imports
   transformers, and reports whether anything did.
@@ -27,7 +27,6 @@ import time
 from pathlib import Path
 from typing import Iterable
 
-from ffai import registry
 from ffai.bench import cases
 from ffai.bench.cases import Item, QualityItem
 from ffai.captioning import Captioner, CaptionOptions, available_cores
@@ -82,7 +81,7 @@ class FfaiArm:
         self.captioner = _RecordingCaptioner(options, cores)
 
     def load(self) -> None:
-        self.captioner.pipe  # starts the workers; each loads its part of the weights before ready
+        self.captioner.pipe  # starts the pipeline; its stages load the weights before ready
 
     def answer(self, item: Item | QualityItem, options: DecodingOptions) -> tuple[list[int], str]:
         answer = self.captioner.pipe.submit(item.id, DescribeRequest(item.images, options, item.split)).result()
@@ -129,7 +128,7 @@ class ReferenceArm:
             from transformers import AutoProcessor, Idefics3ForConditionalGeneration
         except ImportError as e:
             raise ModelError(cases.MISSING_REFERENCE) from e
-        # The same cores ffai shares out between its workers, all given to the one process.
+        # The same cores ffai plans its placement and threads for, all given to the one process.
         torch.set_num_threads(self.cores)
         self.model = Idefics3ForConditionalGeneration.from_pretrained(self.model_dir, dtype=torch.float32).eval()
         self.processor = AutoProcessor.from_pretrained(self.model_dir, backend="pil")
