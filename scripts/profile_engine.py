@@ -1,6 +1,7 @@
 """Stage-by-stage timings of the SmolVLM engine against transformers, side by side in one run.
 
     python scripts/profile_engine.py [--threads 2] [--cases frame,window,still] [--repeat 2] [--tokens 32]
+                                     [--reference-attention sdpa|eager]
 
 Both run on the real-shape random checkpoint (``tests/checkpoints.py: checkpoint("real")``),
 fp32, greedy, ``--tokens`` forced new tokens, and must give the same tokens. Each repeat runs
@@ -10,6 +11,9 @@ repeats (the machine is shared, so the minimum is the least noisy estimate).
 Stages: preprocess (image → tiles + prompt ids), vision (tower + connector), prefill (from the
 image embeddings to the first decode step, including the merge and the first token's logits),
 decode (per token, everything generate does per step), total (sum of the above).
+
+``--reference-attention eager`` loads the reference with transformers' eager attention instead
+of its default (SDPA): the vision tower's attention then runs as matmul + softmax + matmul.
 """
 
 from __future__ import annotations
@@ -138,6 +142,8 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--model", help="checkpoint folder (default: the real-shape random test checkpoint)")
+    parser.add_argument("--reference-attention", choices=("sdpa", "eager"),
+                        help="transformers' attention implementation (default: its own choice)")
     args = parser.parse_args()
 
     import torch
@@ -148,7 +154,8 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     path = Path(args.model) if args.model else checkpoints.checkpoint("real")
     model = ENGINE.load(path, RuntimeOptions(threads=args.threads, device="cpu"))
-    ref, processor = checkpoints.reference_model(path), checkpoints.reference_processor(path)
+    ref = checkpoints.reference_model(path, attention=args.reference_attention)
+    processor = checkpoints.reference_processor(path)
     print(f"checkpoint {path.name}, torch {torch.__version__}, {args.threads} thread(s), "
           f"reference attention: {ref.config._attn_implementation}")
     ok = True

@@ -61,12 +61,14 @@ def checkpoint(kind: str, seed: int = 0, dtype: str = "float32") -> Path:
 
 
 @functools.cache
-def reference_model(path: Path, dtype: str = "float32"):
-    """transformers' Idefics3ForConditionalGeneration on a checkpoint, loaded once per session."""
+def reference_model(path: Path, dtype: str = "float32", attention: str | None = None):
+    """transformers' Idefics3ForConditionalGeneration on a checkpoint, loaded once per session.
+    ``attention`` picks transformers' attention implementation (default: its own choice, SDPA)."""
     import torch
     from transformers import Idefics3ForConditionalGeneration
 
-    return Idefics3ForConditionalGeneration.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
+    extra = {"attn_implementation": attention} if attention else {}
+    return Idefics3ForConditionalGeneration.from_pretrained(path, dtype=getattr(torch, dtype), **extra).eval()
 
 
 @functools.cache

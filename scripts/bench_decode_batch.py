@@ -1,0 +1,140 @@
+"""What decoding several windows together would buy on this CPU, side by side in one run.
+
+    python scripts/bench_decode_batch.py [--batch 1,2,4] [--steps 12] [--threads 2] [--model DIR]
+
+B sequences, each with its own prompt length and KV cache (as windows in flight have), take
+decode steps through the engine's text tower in three schedules:
+
+- ``serial``: one sequence's whole step after another: what ffai does, and what the reference
+  does window by window (one-row matmuls everywhere).
+- ``interleaved``: every sequence through one weight before the next weight is touched, so the
+  second sequence finds the weight in cache. Still one-row matmuls: bit for bit ``serial``.
+- ``stacked``: one B-row matmul per weight, the usual "batched decode". MKL picks another
+  kernel for B rows, so the logits differ from ``serial`` in the last bits; the script prints
+  whether they are equal and whether the greedy tokens still agree.
+
+Printed per B: milliseconds per step (median over ``--steps``) and the cost relative to B
+separate steps (1.00 = no saving; 1/B = a B-th of the work). Weights are random with the real
+SmolVLM-256M shapes (the default checkpoint of the tests): time does not depend on their values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(REPO / "tests")]
+
+SCHEDULES = ("serial", "interleaved", "stacked")
+
+
+def project(hs: list, weight, bias, schedule: str) -> list:
+    """Each sequence's (1, 1, D) input through one linear, in the schedule's way."""
+    import torch
+    import torch.nn.functional as F
+
+    from ffai_smolvlm.text import linear
+
+    if schedule == "stacked" and len(hs) > 1:
+        return list(F.linear(torch.cat(hs), weight, bias).split(1))
+    return [linear(h, weight, bias) for h in hs]
+
+
+def layer_step(layer, xs: list, seqs: list, schedule: str) -> list:
+    """One decoder layer for every sequence; each sequence's arithmetic is the engine's own."""
+    import torch.nn.functional as F
+
+    from ffai_smolvlm.text import apply_rope
+
+    attn, mlp = layer.self_attn, layer.mlp
+    h, kv, hd = attn.n_heads, attn.n_kv, attn.head_dim
+    normed = [layer.input_layernorm(x) for x in xs]
+    qkvs = project(normed, *attn.qkv, schedule)
+    ys = []
+    for qkv, seq in zip(qkvs, seqs):
+        qkv = qkv.view(1, 1, h + 2 * kv, hd)
+        q, k = apply_rope(qkv[:, :, : h + kv].transpose(1, 2), *seq["rope"]).split([h, kv], dim=1)
+        v = qkv[:, :, h + kv :].transpose(1, 2)
+        k, v = seq["cache"].update(attn.layer, seq["slot"], k, v, seq["end"])
+        ys.append(attn._attend(q, k, v).transpose(1, 2).reshape(1, 1, -1))
+    xs = [x + o for x, o in zip(xs, project(ys, attn.o_proj.weight, attn.o_proj.bias, schedule))]
+    normed = [layer.post_attention_layernorm(x) for x in xs]
+    gated = [F.silu(g) * u for g, u in (gu.chunk(2, dim=-1) for gu in project(normed, *mlp.gate_up, schedule))]
+    return [x + d for x, d in zip(xs, project(gated, mlp.down_proj.weight, mlp.down_proj.bias, schedule))]
+
+
+def step(tower, xs: list, seqs: list, schedule: str) -> list:
+    """One decode step for every sequence -> each sequence's (1, 1, vocab) logits."""
+    for seq in seqs:
+        seq["rope"], seq["slot"] = tower._rope_rows(seq["pos"], seq["pos"] + 1, xs[0]), slice(seq["pos"], seq["pos"] + 1)
+        seq["end"] = seq["pos"] + 1
+    if schedule == "serial":
+        outs = []
+        for x, seq in zip(xs, seqs):
+            for layer in tower.layers:
+                x = layer_step(layer, [x], [seq], schedule)[0]
+            outs.append(project([tower.norm(x)], tower.lm_head.weight, None, schedule)[0])
+        return outs
+    for layer in tower.layers:
+        xs = layer_step(layer, xs, seqs, schedule)
+    return project([tower.norm(x) for x in xs], tower.lm_head.weight, None, schedule)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", default="1,2,4", help="numbers of sequences decoded together")
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--model", help="checkpoint folder (default: the real-shape random test checkpoint)")
+    args = parser.parse_args()
+
+    import torch
+
+    import checkpoints
+    from ffai.engine import RuntimeOptions
+    from ffai_smolvlm import ENGINE
+
+    torch.set_num_threads(args.threads)
+    path = Path(args.model) if args.model else checkpoints.checkpoint("real")
+    tower = ENGINE.load(path, RuntimeOptions(threads=args.threads, device="cpu")).text.net.text
+    print(f"checkpoint {path.name}, torch {torch.__version__}, {args.threads} thread(s)")
+    print(f"{'B':>3}{'schedule':>13}{'ms/step':>10}{'vs B alone':>12}  logits vs serial")
+    single = None
+    with torch.inference_mode():
+        for b in (int(v) for v in args.batch.split(",")):
+            times, logits = {}, {}
+            for schedule in SCHEDULES:
+                gen = torch.Generator().manual_seed(b)
+                seqs = []
+                for i in range(b):  # prompts of different lengths, each in its own cache
+                    length = 90 + 7 * i
+                    cache = tower.new_cache(1, length + args.steps + 1)
+                    tower(torch.randn(1, length, tower.cfg.hidden_size, generator=gen), torch.arange(length), cache)
+                    seqs.append({"cache": cache, "pos": length})
+                xs = [torch.randn(1, 1, tower.cfg.hidden_size, generator=gen) for _ in range(b)]
+                step(tower, xs, seqs, schedule)  # warm-up (writes position pos; overwritten below)
+                samples = []
+                for _ in range(args.steps):
+                    start = time.perf_counter()
+                    out = step(tower, xs, seqs, schedule)
+                    samples.append(time.perf_counter() - start)
+                    for seq in seqs:
+                        seq["pos"] += 1
+                times[schedule], logits[schedule] = statistics.median(samples), out
+            if single is None and b == 1:
+                single = times["serial"]
+            for schedule in SCHEDULES:
+                base = single or times["serial"] / b
+                same = all(torch.equal(a, c) for a, c in zip(logits[schedule], logits["serial"]))
+                agree = all(int(a.argmax()) == int(c.argmax()) for a, c in zip(logits[schedule], logits["serial"]))
+                verdict = "bit-identical" if same else f"differ (argmax {'agrees' if agree else 'DIFFERS'})"
+                print(f"{b:>3}{schedule:>13}{times[schedule] * 1e3:>10.1f}{times[schedule] / (b * base):>11.2f}x  {verdict}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
