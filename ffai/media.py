@@ -18,6 +18,9 @@ Conventions:
   (e.g. EXR) is a one-frame video.
 - A packet that fails to decode is skipped and counted, as ffmpeg does; the count is logged
   as a warning at the end. A file cut short therefore yields the frames before the cut.
+
+ffai never encodes video for the user; ``video_encoder`` names the encoder its generated clips
+(the bench's clip, the demo clip, the test clips) are written with on this PyAV build.
 """
 
 from __future__ import annotations
@@ -38,6 +41,22 @@ from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
 from ffai.errors import MediaError, UsageError
 
 log = logging.getLogger(__name__)
+
+
+def encoder_available(name: str) -> bool:
+    """True when this PyAV build can encode with ``name``."""
+    if name not in av.codecs_available:
+        return False
+    try:
+        av.Codec(name, "w")
+    except ValueError:  # UnknownCodecError: the name is a decoder only
+        return False
+    return True
+
+
+def video_encoder() -> str:
+    """h264 (libx264) when this PyAV build has it, else mpeg4 (always among FFmpeg's own encoders)."""
+    return "libx264" if encoder_available("libx264") else "mpeg4"
 
 MAX_SIDE = 16384  # largest width or height accepted, image or video
 TIME_EPS = 1e-6  # seconds; finer than any real time base step (1/90000 s = 11 us)

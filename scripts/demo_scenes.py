@@ -234,17 +234,6 @@ def render(scene: Scene, n_frames: int, size: tuple[int, int] = (128, 96)) -> li
 # --- the demo clip -----------------------------------------------------------------------------
 
 
-def _video_encoder() -> str:
-    """h264 (libx264) when this PyAV build has it, else mpeg4 (always built into FFmpeg)."""
-    import av
-
-    try:
-        av.Codec("libx264", "w")
-        return "libx264"
-    except (ValueError, av.FFmpegError):
-        return "mpeg4"
-
-
 def make_demo_clip(
     path: Path | str,
     clip_scenes: Sequence[Scene] = CLIP_SCENES,
@@ -256,10 +245,12 @@ def make_demo_clip(
     covers [k * seconds_per_scene, (k + 1) * seconds_per_scene)."""
     import av
 
+    from ffai.media import video_encoder
+
     path = Path(path)
     frames_per_scene = round(seconds_per_scene * fps)
     with av.open(str(path), "w") as container:
-        stream = container.add_stream(_video_encoder(), rate=fps)
+        stream = container.add_stream(video_encoder(), rate=fps)
         stream.width, stream.height = size
         stream.pix_fmt = "yuv420p"
         stream.time_base = Fraction(1, fps)

@@ -21,6 +21,8 @@ import av
 import numpy as np
 from PIL import Image
 
+from ffai.media import video_encoder
+
 GRID = (8, 6)  # the frame is cut into 8 columns x 6 rows of cells
 INDEX_BITS = 16  # rows 2 and 3 of the grid: bit k (LSB first) in column k % 8, row 2 + k // 8
 CORNERS = {"top_left": (255, 0, 0), "top_right": (0, 255, 0), "bottom_left": (0, 0, 255)}
@@ -28,22 +30,6 @@ CORNERS = {"top_left": (255, 0, 0), "top_right": (0, 255, 0), "bottom_left": (0,
 # Irregular gaps (milliseconds) for the variable-frame-rate clip: bursts, long holds, and gaps
 # both shorter and longer than the usual sampling periods.
 VFR_GAPS_MS = (40, 10, 80, 200, 10, 5, 300, 40, 40, 33, 67, 500, 20, 20, 20, 250, 15, 135, 400, 60)
-
-
-def encoder_available(name: str) -> bool:
-    """True when this PyAV build can encode with `name`."""
-    if name not in av.codecs_available:
-        return False
-    try:
-        av.Codec(name, "w")
-    except ValueError:  # UnknownCodecError: the name is a decoder only
-        return False
-    return True
-
-
-def video_encoder() -> str:
-    """h264 (libx264) when present, else mpeg4 (always in FFmpeg's native encoders)."""
-    return "libx264" if encoder_available("libx264") else "mpeg4"
 
 
 def _cell(width: int, height: int, col: int, row: int) -> tuple[slice, slice]:

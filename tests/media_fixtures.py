@@ -7,34 +7,18 @@ plus an independent reading of a clip's timestamps and the sampling rule applied
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import av
 
-_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "make_sample_media.py"
+from ffai.bench.cases import load_script
 
-
-def _load_script():
-    # scripts/ is not a package: load the file once under a fixed module name.
-    name = "make_sample_media"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, _SCRIPT)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-_media = _load_script()
+_media = load_script("make_sample_media")
 CORNERS = _media.CORNERS
 draw_frame = _media.draw_frame
 read_frame_index = _media.read_frame_index
-video_encoder = _media.video_encoder
-encoder_available = _media.encoder_available
 make_clip = _media.make_clip
 make_vfr_clip = _media.make_vfr_clip
 vfr_times_ms = _media.vfr_times_ms

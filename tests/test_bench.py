@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from ffai.bench import gates, ledger
+from ffai.bench import cases, gates, ledger
 from ffai.bench.cli import BenchOptions, parse_cases
 from ffai.errors import UsageError
 
@@ -75,6 +75,38 @@ def test_ffai_importing_transformers_fails_correctness():
     bad = run("ffai", 1.0, {"f": [1]}) | {"transformers_imported": True}
     record = gates.summarize_case("frame", {"ffai": [bad], "reference": [run("reference", 1.0, {"f": [1]})]}, "float32")
     assert gates.correctness_gate([record], "float32") == {"status": "FAIL", "detail": "ffai's arm imported transformers"}
+
+
+def test_place_atomically_leaves_nothing_half_written(tmp_path):
+    final = tmp_path / "ckpt"
+
+    def fail(tmp):
+        (tmp / "model.safetensors").write_bytes(b"half")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        cases.place_atomically(final, fail)
+    assert list(tmp_path.iterdir()) == []  # neither the target nor the temporary folder
+
+    def write(tmp):
+        (tmp / "config.json").write_text("{}")
+
+    assert cases.place_atomically(final, write) == final
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt"] and (final / "config.json").read_text() == "{}"
+    assert oct(final.stat().st_mode & 0o777) == oct(0o755)
+
+
+def test_place_atomically_lets_a_parallel_writer_win(tmp_path):
+    final = tmp_path / "ckpt"
+
+    def write_while_another_finishes(tmp):
+        (tmp / "config.json").write_text("mine")
+        final.mkdir()  # the other writer renames its folder into place first
+        (final / "config.json").write_text("theirs")
+
+    assert cases.place_atomically(final, write_while_another_finishes) == final
+    assert (final / "config.json").read_text() == "theirs"
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt"]
 
 
 def test_options_are_checked_before_anything_runs(tmp_path):

@@ -5,7 +5,6 @@ time range, and its manifest pins the shipped files."""
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import subprocess
@@ -14,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from ffai.bench.cases import load_script
+
 REPO = Path(__file__).resolve().parent.parent
-SCRIPTS = REPO / "scripts"
 DEMO = REPO / "models" / "smolvlm-demo"
 CLIP = REPO / "models" / "demo_clip.mp4"
 MANIFEST = REPO / "models" / "smolvlm-demo.toml"
@@ -24,19 +24,9 @@ MAX_FOLDER_BYTES = 20 * 2**20
 MAX_CLIP_BYTES = 2**20
 
 
-def _script(name: str):
-    """A module of scripts/ (not a package), loaded once under its own name."""
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
 @pytest.fixture(scope="module")
 def scenes_mod():
-    return _script("demo_scenes")
+    return load_script("demo_scenes")
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +51,7 @@ def test_heldout_scenes_are_unseen_geometry(scenes_mod):
 
 
 def test_heldout_accuracy_through_the_engine(demo_model):
-    evaluate = _script("eval_demo_model").evaluate
+    evaluate = load_script("eval_demo_model").evaluate
     result = evaluate(DEMO, n=40, seed=7, model=demo_model)
     assert result.total == 40
     assert {"still", "window"} <= set(result.by_kind)

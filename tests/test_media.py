@@ -18,7 +18,6 @@ from ffai.errors import MediaError, UsageError
 from media_fixtures import (
     CORNERS,
     decoded_times,
-    encoder_available,
     expected_sample_times,
     make_10bit_clip,
     make_audio_only,
@@ -121,7 +120,7 @@ def test_start_is_exact(clips, container, start):
     assert [read_frame_index(f.image) for f in frames] == [round(t * CFR_FPS) for t in after[:2]]
 
 
-@pytest.mark.skipif(not encoder_available("libx264"), reason="needs libx264 for B-frames")
+@pytest.mark.skipif(not media.encoder_available("libx264"), reason="needs libx264 for B-frames")
 def test_avi_with_b_frames_comes_out_in_display_order(tmp_path):
     # AVI stores no pts: with B-frames the decoder's pts arrive shuffled (1, 3, 4, 2, ...) and
     # the best-effort guess falls back on the dts, as ffmpeg does.

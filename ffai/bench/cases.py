@@ -102,8 +102,10 @@ def write_clip(path: Path) -> Path:
     import av
     import numpy as np
 
+    from ffai import media
+
     base = np.asarray(synthetic_image(3, (FRAME_SIZE[0] * 2, FRAME_SIZE[1])))  # (h, 2w, 3)
-    codec = _video_codec()
+    codec = media.video_encoder()
     with av.open(str(path), "w") as container:
         options = CLIP_CODEC_OPTIONS if codec == "libx264" else {}
         stream = container.add_stream(codec, rate=CLIP_SOURCE_FPS, options=options)
@@ -119,16 +121,6 @@ def write_clip(path: Path) -> Path:
     return path
 
 
-def _video_codec() -> str:
-    import av
-
-    try:
-        av.Codec("libx264", "w")
-        return "libx264"
-    except (ValueError, av.FFmpegError):
-        return "mpeg4"
-
-
 # --- the default checkpoint: real 256M shapes, random weights ------------------------------
 
 
@@ -142,26 +134,56 @@ def require_reference() -> None:
         raise ModelError(MISSING_REFERENCE)
 
 
-def _writer():
-    """scripts/make_checkpoint.py as a module (scripts/ is not a package); it imports torch and
-    transformers only inside its functions, so loading it here is cheap."""
+def load_script(name: str):
+    """``scripts/<name>.py`` as a module, loaded once under its own name (scripts/ is not a
+    package, and ships with a source checkout only)."""
+    path = REPO / "scripts" / f"{name}.py"
+    if not path.is_file():
+        raise UsageError(f"{path} is missing (it ships with a source checkout)")
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def checkpoint_writer():
+    """scripts/make_checkpoint.py; it imports torch and transformers only inside its functions,
+    so loading it is cheap."""
     if not CHECKPOINT_SCRIPT.is_file():
         raise UsageError(
             f"no --model given and {CHECKPOINT_SCRIPT} is missing (it ships with a source checkout); "
             f"pass --model PATH to a SmolVLM checkpoint"
         )
-    spec = importlib.util.spec_from_file_location("make_checkpoint", CHECKPOINT_SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(CHECKPOINT_SCRIPT.stem)
 
 
 def checkpoint_key(kind: str = "real", seed: int = 0, dtype: str = "float32") -> str:
-    """The cache key tests/checkpoints.py uses, so the bench and the tests share one folder."""
+    """The cache key of a random checkpoint: it hashes the writer script, the config it builds,
+    the seed, the dtype and the transformers version, so a change to any of them means a fresh
+    folder. The bench and the tests (tests/checkpoints.py) share the folders."""
     h = hashlib.sha256(CHECKPOINT_SCRIPT.read_bytes())
-    h.update(json.dumps(_writer().config_dict(kind), sort_keys=True).encode())
+    h.update(json.dumps(checkpoint_writer().config_dict(kind), sort_keys=True).encode())
     h.update(f"{seed}/{dtype}/{importlib.metadata.version('transformers')}".encode())
     return h.hexdigest()[:12]
+
+
+def place_atomically(final: Path, write) -> Path:
+    """``write(tmp)`` into a fresh folder beside ``final``, then renamed into place: an aborted
+    run leaves no half-written ``final``, and of two parallel writers the second discards its copy."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=final.parent))
+    try:
+        write(tmp)
+        tmp.chmod(0o755)  # mkdtemp makes it private
+        os.rename(tmp, final)
+    except OSError:
+        if not final.is_dir():  # a parallel writer won the rename; anything else is a real error
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
 
 
 def default_checkpoint(log=lambda message: None) -> Path:
@@ -174,22 +196,15 @@ def default_checkpoint(log=lambda message: None) -> Path:
     final = CHECKPOINT_CACHE / f"real-{checkpoint_key()}"
     if final.is_dir():
         return final
-    CHECKPOINT_CACHE.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-real-", dir=CHECKPOINT_CACHE))
     log(f"writing the real-shape random checkpoint (~1 GB) to {final}")
-    try:
+
+    def write(tmp: Path) -> None:
         cmd = [sys.executable, str(CHECKPOINT_SCRIPT), "--config", "real", "--out", str(tmp)]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
             raise ModelError(f"{CHECKPOINT_SCRIPT.name} failed: {done.stderr.strip().splitlines()[-1:]}")
-        tmp.chmod(0o755)
-        os.rename(tmp, final)
-    except OSError:
-        if not final.is_dir():  # a parallel writer won the rename; anything else is a real error
-            raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
+
+    return place_atomically(final, write)
 
 
 # --- the quality corpus ------------------------------------------------------------------------
@@ -212,18 +227,6 @@ class QualityItem:
     max_new_tokens: int
 
 
-def _script(name: str):
-    path = REPO / "scripts" / f"{name}.py"
-    if not path.is_file():
-        raise UsageError(f"{path} is missing (it ships with a source checkout)")
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
 def is_demo_model(model_dir: Path) -> bool:
     """True when ``model_dir`` is the folder the name ``smolvlm-demo`` resolves to."""
     from ffai import models
@@ -237,7 +240,7 @@ def is_demo_model(model_dir: Path) -> bool:
 
 def demo_items(n: int = DEMO_N, seed: int = DEMO_SEED) -> list[QualityItem]:
     """The demo model's held-out scenes (scripts/eval_demo_model.py), rendered here."""
-    evaluation = _script("eval_demo_model")
+    evaluation = load_script("eval_demo_model")
     scenes = sys.modules["demo_scenes"]  # imported by eval_demo_model
     out = []
     for i, item in enumerate(evaluation.items(n, seed)):
