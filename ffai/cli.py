@@ -10,7 +10,6 @@ import json
 import sys
 import traceback
 from dataclasses import asdict
-from pathlib import Path
 from typing import List, Optional
 
 import typer
