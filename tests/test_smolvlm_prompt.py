@@ -102,6 +102,12 @@ def test_template_from_tokenizer_config_and_eos_list(tmp_path, builder):
     (model_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": "x"}))
     with pytest.raises(ModelError, match="generation_config.json"):
         PromptBuilder.from_dir(model_dir)
+    (model_dir / "generation_config.json").write_text("[2]")
+    with pytest.raises(ModelError, match=r"generation_config\.json: generation config must be a JSON object"):
+        PromptBuilder.from_dir(model_dir)
+    (model_dir / "generation_config.json").write_text("{")
+    with pytest.raises(ModelError, match=r"generation_config\.json: cannot read generation config"):
+        PromptBuilder.from_dir(model_dir)
 
 
 def _frame(width: int, height: int, shade: int) -> Image.Image:

@@ -24,6 +24,20 @@ TEXT_ACTS = ("silu",)
 _MISSING = object()
 
 
+def read_json_object(path: Path, what: str) -> dict[str, Any]:
+    """The JSON object in ``path`` (a file of the model folder holding its ``what``), or a
+    one-line ModelError naming the file."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as e:
+        raise ModelError(f"{path}: no {path.name} in the model folder") from e
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ModelError(f"{path}: cannot read {what}: {e}") from e
+    if not isinstance(data, dict):
+        raise ModelError(f"{path}: {what} must be a JSON object")
+    return data
+
+
 class _Section:
     """Typed reads from one dict of config.json, with errors naming the file and the key path."""
 
@@ -177,13 +191,7 @@ class ModelConfig:
     @classmethod
     def from_dir(cls, model_dir: Path | str) -> "ModelConfig":
         path = Path(model_dir) / "config.json"
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError as e:
-            raise ModelError(f"{path}: no config.json in the model folder") from e
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ModelError(f"{path}: cannot read config: {e}") from e
-        return cls.from_dict(data, source=str(path))
+        return cls.from_dict(read_json_object(path, "config"), source=str(path))
 
     @classmethod
     def from_dict(cls, data: dict, source: str = "config.json") -> "ModelConfig":

@@ -15,13 +15,14 @@ the uint8 pixels agree bit for bit; step 4's float order then makes the floats a
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from ffai.errors import MediaError, ModelError
+
+from .config import read_json_object
 
 if TYPE_CHECKING:  # pragma: no cover - typing only; torch and PIL load lazily
     import torch
@@ -55,7 +56,7 @@ class ProcessorConfig:
     @classmethod
     def from_dir(cls, model_dir: Path) -> ProcessorConfig:
         pre_path = Path(model_dir) / PREPROCESSOR_FILE
-        pre = _read_json(pre_path)
+        pre = read_json_object(pre_path, "image processor config")
         kind = _key(pre, "image_processor_type", pre_path)
         if kind not in IMAGE_PROCESSOR_TYPES:
             raise ModelError(f"{pre_path}: image_processor_type {kind!r} is not an Idefics3 image processor")
@@ -63,7 +64,7 @@ class ProcessorConfig:
             if _key(pre, flag, pre_path) is not True:
                 raise ModelError(f"{pre_path}: {flag} must be true (ffai implements only that path)")
         proc_path = Path(model_dir) / PROCESSOR_FILE
-        proc = _read_json(proc_path)
+        proc = read_json_object(proc_path, "processor config")
         cfg = cls(
             longest_edge=_key(_key(pre, "size", pre_path), "longest_edge", pre_path),
             tile_size=_key(_key(pre, "max_image_size", pre_path), "longest_edge", pre_path),
@@ -214,18 +215,6 @@ def _normalise(frames: list[Image.Image], cfg: ProcessorConfig) -> torch.Tensor:
         x = (pixels.to(torch.float64) * cfg.rescale_factor).to(torch.float32)
         out[i] = (x - mean) / std
     return out
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError as e:
-        raise ModelError(f"{path}: not found") from e
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ModelError(f"{path}: cannot read: {e}") from e
-    if not isinstance(data, dict):
-        raise ModelError(f"{path}: expected a JSON object")
-    return data
 
 
 def _key(data: Any, key: str, path: Path) -> Any:

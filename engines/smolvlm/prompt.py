@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from ffai.errors import ModelError, UsageError
 
+from .config import read_json_object
+
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from tokenizers import Tokenizer
 
@@ -174,10 +176,7 @@ def _generation_eos_ids(path: Path) -> tuple[int, ...]:
     """eos_token_id of generation_config.json (an int or a list); none when the file is absent."""
     if not path.is_file():
         return ()
-    try:
-        eos = json.loads(path.read_text(encoding="utf-8")).get("eos_token_id")
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as e:
-        raise ModelError(f"{path}: cannot read: {e}") from e
+    eos = read_json_object(path, "generation config").get("eos_token_id")
     if eos is None:
         return ()
     ids = eos if isinstance(eos, list) else [eos]
