@@ -42,6 +42,11 @@ from ffai.errors import MediaError, UsageError
 
 log = logging.getLogger(__name__)
 
+MAX_SIDE = 16384  # largest width or height accepted, image or video
+TIME_EPS = 1e-6  # seconds; finer than any real time base step (1/90000 s = 11 us)
+_SEEK_BACKOFF_S = 1.0  # first step back when a seek lands after the requested start
+_EXIF_SWAPS_AXES = {5, 6, 7, 8}  # orientations that transpose the image
+
 
 def encoder_available(name: str) -> bool:
     """True when this PyAV build can encode with ``name``."""
@@ -57,11 +62,6 @@ def encoder_available(name: str) -> bool:
 def video_encoder() -> str:
     """h264 (libx264) when this PyAV build has it, else mpeg4 (always among FFmpeg's own encoders)."""
     return "libx264" if encoder_available("libx264") else "mpeg4"
-
-MAX_SIDE = 16384  # largest width or height accepted, image or video
-TIME_EPS = 1e-6  # seconds; finer than any real time base step (1/90000 s = 11 us)
-_SEEK_BACKOFF_S = 1.0  # first step back when a seek lands after the requested start
-_EXIF_SWAPS_AXES = {5, 6, 7, 8}  # orientations that transpose the image
 
 
 @dataclass(frozen=True)

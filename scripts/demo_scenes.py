@@ -1,8 +1,8 @@
 """Synthetic scenes for the bundled demo model: one coloured shape on a plain background.
 
 A scene is a shape (circle, square, triangle, star, cross) in one of six bright colours on one
-of five dark backgrounds (never of the shape's colour name), at some position and size, either still or moving in a
-straight line across the frames it is rendered to. Its caption names only what a viewer can
+of five dark backgrounds (never of the shape's colour name), at some position and size, either
+still or moving in a straight line across the frames it is rendered to. Its caption names only what a viewer can
 check at a glance: ``caption(scene) == "a red circle on a blue background"``.
 
 Training, evaluation and the tests draw scenes from here, so they share one label space and one

@@ -18,9 +18,7 @@ REPO = cases.REPO
 CACHE = cases.CHECKPOINT_CACHE
 
 
-def writer():
-    """scripts/make_checkpoint.py as a module (scripts/ is not a package)."""
-    return cases.checkpoint_writer()
+writer = cases.checkpoint_writer  # scripts/make_checkpoint.py as a module
 
 
 def checkpoint(kind: str, seed: int = 0, dtype: str = "float32") -> Path:
