@@ -19,16 +19,25 @@ Stream sinks (``-o -``) write and flush each cue as it comes; json cannot be rew
 stream, so its document is printed once, at ``close`` (or at ``abort`` when cues finished).
 
 Timestamps are integers of milliseconds from :meth:`Cue.from_window` on, rounded once.
+
+Cue text is the model's answer with its surrounding whitespace stripped; an answer may hold
+line breaks (a list, one item per line). json and jsonl carry it exactly, and so does the txt
+track of a still (the answer printed as is). The others fold line breaks in one way,
+:func:`fold_line_breaks`: a line break is ``\r\n``, ``\r`` or ``\n`` (or a rarer break that
+``str.splitlines`` knows, such as ``\u2028``), and each run of them, together with the
+whitespace around and between them (so the blank lines they make), becomes one ``\n`` inside
+an srt or vtt cue, where a blank line would end the cue, and one space in a video's txt line,
+which holds one cue. Everything else is kept, runs of spaces inside a line included.
 """
 
 from __future__ import annotations
 
 import abc
-
 import datetime
 import html
 import json
 import os
+import re
 import secrets
 import stat
 import sys
@@ -45,6 +54,9 @@ class Cue:
     end_ms: int
     frame_times_ms: tuple[int, ...]
     text: str
+    # The tokens behind ``text``, for callers that compare implementations (the bench); tracks
+    # do not carry them: they are the model's vocabulary, not the caption a reader wants.
+    token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not 0 <= self.start_ms <= self.end_ms:
@@ -97,9 +109,20 @@ def _cue_object(cue: Cue) -> dict:
     }
 
 
+# Whitespace holding at least one of the line breaks str.splitlines() splits at.
+_LINE_BREAK_RUN = re.compile(r"\s*[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]\s*")
+
+
+def fold_line_breaks(text: str, separator: str) -> str:
+    """``text`` stripped, each run of line breaks with the whitespace around and between them
+    replaced by one ``separator`` (the one folding rule of the module docstring)."""
+    return _LINE_BREAK_RUN.sub(separator, text.strip())
+
+
 def _subtitle_lines(text: str) -> list[str]:
-    """The non-blank lines of a text, stripped: a blank line would end an srt/vtt cue early."""
-    return [line.strip() for line in text.splitlines() if line.strip()]
+    """The lines of an srt/vtt cue: never a blank one, which would end the cue early."""
+    folded = fold_line_breaks(text, "\n")
+    return folded.split("\n") if folded else []
 
 
 # --- formats: cues → text -------------------------------------------------------------
@@ -179,9 +202,9 @@ class TxtFormat(TrackFormat):
     name = "txt"
 
     def block(self, cue: Cue) -> str:
-        text = " ".join(_subtitle_lines(cue.text))  # one line per cue
-        if self.header.fps is None:  # a still has no timeline: its caption alone, like an answer
-            return text + "\n"
+        if self.header.fps is None:  # a still has no timeline: its answer alone, line breaks kept
+            return cue.text.strip() + "\n"
+        text = fold_line_breaks(cue.text, " ")  # one line per cue
         timing = f"[{format_timestamp(cue.start_ms)} --> {format_timestamp(cue.end_ms)}]"
         return f"{timing} {text}\n" if text else f"{timing}\n"
 

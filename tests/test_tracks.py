@@ -24,7 +24,7 @@ import srt
 import webvtt
 
 from ffai.errors import OutputError, UsageError
-from ffai.tracks import FORMATS, Cue, TrackHeader, check_output, open_track, resolve_format
+from ffai.tracks import FORMATS, Cue, TrackHeader, check_output, fold_line_breaks, open_track, resolve_format
 from ffai.windows import Window
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -47,14 +47,16 @@ HEADER = TrackHeader(
 CUES = [
     Cue(1, 0, 2000, (0, 500, 1000, 1500), "A man walks a dog across the street."),
     Cue(2, 2000, 4000, (2000, 2500, 3000, 3500), "Café crème — 東京の夜景 🌃"),
-    Cue(3, 4000, 5500, (4000, 4500, 5000), "First line\n\n\n  Second line  \n"),
+    # an answer with CR CR LF, blank lines (one of spaces) and runs of spaces inside lines
+    Cue(3, 4000, 5500, (4000, 4500, 5000), "First line\r\r\n\n \n  Second  line,   spaced  \r\nThird\tline\n"),
     Cue(4, 5500, 6000, (5500,), "Tom & Jerry <3 --> chase"),
     Cue(5, 6000, 6250, (6000,), ""),
     Cue(6, 3723456, 3725000, (3723456, 3724000), "Past the first hour."),
 ]
 
-# what an srt/vtt cue shows: blank lines dropped, lines stripped
-SHOWN = ["A man walks a dog across the street.", "Café crème — 東京の夜景 🌃", "First line\nSecond line",
+# what an srt/vtt cue shows: each run of line breaks (blank lines and the spaces around them) is one "\n"
+SHOWN = ["A man walks a dog across the street.", "Café crème — 東京の夜景 🌃",
+         "First line\nSecond  line,   spaced\nThird\tline",
          "Tom & Jerry <3 --> chase", "", "Past the first hour."]
 
 
@@ -443,12 +445,55 @@ def test_open_track_checks_the_output_first(tmp_path):
         open_track(str(tmp_path / "a.srt"), "ass", HEADER, overwrite=False)
 
 
-def test_txt_of_a_still_is_the_caption_alone(tmp_path):
-    still = TrackHeader(
-        source_path="a.png", duration=None, width=4, height=3, engine="e", model="m",
-        fps=None, window=None, prompt=None, max_new_tokens=8, seed=None,
-    )
+STILL = TrackHeader(
+    source_path="a.png", duration=None, width=4, height=3, engine="e", model="m",
+    fps=None, window=None, prompt=None, max_new_tokens=8, seed=None,
+)
+
+
+def test_txt_of_a_still_is_the_answer_alone_line_breaks_kept(tmp_path):
     out = tmp_path / "a.txt"
-    with open_track(str(out), "txt", still, overwrite=False) as writer:
+    with open_track(str(out), "txt", STILL, overwrite=False) as writer:
         writer.write(Cue(index=1, start_ms=0, end_ms=0, frame_times_ms=(0,), text="a red\ncircle"))
-    assert out.read_text(encoding="utf-8") == "a red circle\n"
+    assert out.read_bytes().decode("utf-8") == "a red\ncircle\n"
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_golden_still(tmp_path, fmt):
+    """A still's track for an answer with CR CR LF, blank lines and runs of spaces: txt is the
+    answer exactly (surrounding whitespace stripped), json/jsonl carry it exactly, srt/vtt fold."""
+    cue = Cue(1, 0, 0, (0,), CUES[2].text)
+    out = tmp_path / f"still.{fmt}"
+    with open_track(str(out), fmt, STILL, overwrite=False) as writer:
+        writer.write(cue)
+    golden = GOLDEN / f"still.{fmt}"
+    if UPDATE:
+        golden.write_bytes(out.read_bytes())
+    assert out.read_bytes() == golden.read_bytes()
+    text = golden.read_bytes().decode("utf-8")  # as written: no newline translation
+    if fmt == "txt":
+        assert text == "First line\r\r\n\n \n  Second  line,   spaced  \r\nThird\tline\n"
+    elif fmt in ("json", "jsonl"):
+        assert parse(fmt, text) == [(0, 0, CUES[2].text)]
+    else:
+        assert parse(fmt, text) == [(0, 0, SHOWN[2])]
+
+
+@pytest.mark.parametrize(
+    "text, in_a_cue, on_a_line",
+    [
+        ("", "", ""),
+        (" \r\n\t ", "", ""),
+        ("one", "one", "one"),
+        ("  two  words  ", "two  words", "two  words"),  # inner runs of spaces kept
+        ("a\r\r\nb", "a\nb", "a b"),
+        ("a\rb\nc\r\nd", "a\nb\nc\nd", "a b c d"),
+        ("a  \n\n   \n\t b", "a\nb", "a b"),  # blank lines, and the spaces around breaks
+        ("a\u2028b\x85c\x0cd\x0be", "a\nb\nc\nd\ne", "a b c d e"),  # what str.splitlines() splits at
+        ("a\x1fb\u00a0c", "a\x1fb\u00a0c", "a\x1fb\u00a0c"),  # whitespace that is no line break stays
+    ],
+)
+def test_fold_line_breaks(text, in_a_cue, on_a_line):
+    assert fold_line_breaks(text, "\n") == in_a_cue
+    assert fold_line_breaks(text, " ") == on_a_line
+    assert in_a_cue.splitlines() == [line for line in in_a_cue.splitlines() if line.strip()]
