@@ -1,5 +1,5 @@
 """Train the bundled demo checkpoint, ``models/smolvlm-demo``: a tiny Idefics3 that captions the
-synthetic scenes of ``scripts/demo_scenes.py`` ("a red circle on a blue background").
+synthetic scenes of ``ffai.bench.demo_scenes`` ("a red circle on a blue background").
 
 No real weights can be shipped in the repository, so ``ffai caption`` needs a small model it can
 run offline out of the box. This one is trained from scratch with transformers'
@@ -38,9 +38,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # scripts/ is not a package
-
-import demo_scenes  # noqa: E402
+from ffai.bench import demo_eval, demo_scenes
 
 REPO = Path(__file__).resolve().parent.parent
 REFERENCE_DIR = REPO / "tests" / "data" / "smolvlm-256m-instruct"
@@ -517,7 +515,7 @@ caption of that form too.
 Rebuild: `python scripts/train_demo_model.py --seed {recipe.seed}` (the defaults are the recipe below)
 Evaluate: `python scripts/eval_demo_model.py`
 
-## Data (scripts/demo_scenes.py)
+## Data (ffai/bench/demo_scenes.py)
 
 - shapes {", ".join(demo_scenes.SHAPES)}; bright colours {", ".join(demo_scenes.COLOURS)};
   dark backgrounds {", ".join(demo_scenes.BACKGROUNDS)} (never the shape's colour name):
@@ -594,9 +592,7 @@ def build(out: Path, recipe: Recipe, *, evaluate: bool = True, manifest: Path | 
         wall_s = time.perf_counter() - started
         accuracy = None
         if evaluate:
-            import eval_demo_model
-
-            result = eval_demo_model.evaluate(staging, n=eval_demo_model.DEFAULT_N, seed=eval_demo_model.DEFAULT_SEED)
+            result = demo_eval.evaluate(staging, n=demo_eval.DEFAULT_N, seed=demo_eval.DEFAULT_SEED)
             accuracy = (result.correct, result.total)
             print(f"held-out accuracy {result.correct}/{result.total}")
         write_recipe(staging, recipe, tok.get_vocab_size(), history, wall_s, accuracy)

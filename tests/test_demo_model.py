@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ffai.bench.cases import load_script
+from ffai.bench import demo_eval, demo_scenes
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "models" / "smolvlm-demo"
@@ -25,11 +25,6 @@ MAX_CLIP_BYTES = 2**20
 
 
 @pytest.fixture(scope="module")
-def scenes_mod():
-    return load_script("demo_scenes")
-
-
-@pytest.fixture(scope="module")
 def demo_model():
     from ffai.engine import RuntimeOptions
     from ffai_smolvlm import ENGINE
@@ -37,22 +32,21 @@ def demo_model():
     return ENGINE.load(DEMO, RuntimeOptions(device="cpu"))
 
 
-def test_heldout_scenes_are_unseen_geometry(scenes_mod):
-    train = scenes_mod.scenes("train", 400, seed=0)
-    heldout = scenes_mod.scenes("heldout", 200, seed=0)
-    train_cells = {scenes_mod.geometry_cell(s) for s in train}
-    heldout_cells = {scenes_mod.geometry_cell(s) for s in heldout}
+def test_heldout_scenes_are_unseen_geometry():
+    train = demo_scenes.scenes("train", 400, seed=0)
+    heldout = demo_scenes.scenes("heldout", 200, seed=0)
+    train_cells = {demo_scenes.geometry_cell(s) for s in train}
+    heldout_cells = {demo_scenes.geometry_cell(s) for s in heldout}
     assert not train_cells & heldout_cells
     # Same label space, both kinds of motion, and the draw is reproducible.
-    assert {scenes_mod.caption(s) for s in heldout} <= set(scenes_mod.all_captions())
+    assert {demo_scenes.caption(s) for s in heldout} <= set(demo_scenes.all_captions())
     assert any(s.moving for s in heldout) and any(not s.moving for s in heldout)
-    assert scenes_mod.scenes("heldout", 200, seed=0) == heldout
-    assert scenes_mod.scenes("heldout", 200, seed=1) != heldout
+    assert demo_scenes.scenes("heldout", 200, seed=0) == heldout
+    assert demo_scenes.scenes("heldout", 200, seed=1) != heldout
 
 
 def test_heldout_accuracy_through_the_engine(demo_model):
-    evaluate = load_script("eval_demo_model").evaluate
-    result = evaluate(DEMO, n=40, seed=7, model=demo_model)
+    result = demo_eval.evaluate(DEMO, n=40, seed=7, model=demo_model)
     assert result.total == 40
     assert {"still", "window"} <= set(result.by_kind)
     wrong = [(item.kind, text) for item, text in result.failures]
@@ -72,26 +66,26 @@ def _caption_clip(tmp_path, fps: str, window: str) -> list[dict]:
     return json.loads(out.read_text(encoding="utf-8"))["cues"]
 
 
-def test_demo_clip_track_has_each_scene_caption_in_its_time_range(scenes_mod, tmp_path):
+def test_demo_clip_track_has_each_scene_caption_in_its_time_range(tmp_path):
     # --fps 2 --window 6: one 3 s window per scene, as in the README.
-    seconds = scenes_mod.CLIP_SECONDS_PER_SCENE
+    seconds = demo_scenes.CLIP_SECONDS_PER_SCENE
     cues = _caption_clip(tmp_path, "2", "6")
-    expected = [(k * seconds, (k + 1) * seconds, scenes_mod.caption(s)) for k, s in enumerate(scenes_mod.CLIP_SCENES)]
+    expected = [(k * seconds, (k + 1) * seconds, demo_scenes.caption(s)) for k, s in enumerate(demo_scenes.CLIP_SCENES)]
     assert [(c["start"], c["end"], c["text"]) for c in cues] == expected
 
 
-def test_demo_clip_windows_inside_one_scene_get_its_caption(scenes_mod, tmp_path):
+def test_demo_clip_windows_inside_one_scene_get_its_caption(tmp_path):
     # --fps 2 --window 4: 2 s windows, some straddling a cut (those may blend the two scenes).
-    seconds = scenes_mod.CLIP_SECONDS_PER_SCENE
+    seconds = demo_scenes.CLIP_SECONDS_PER_SCENE
     cues = _caption_clip(tmp_path, "2", "4")
-    assert cues and cues[-1]["end"] == pytest.approx(len(scenes_mod.CLIP_SCENES) * seconds)
+    assert cues and cues[-1]["end"] == pytest.approx(len(demo_scenes.CLIP_SCENES) * seconds)
     pure = {}
     for cue in cues:
         first, last = int(cue["start"] // seconds), int((cue["end"] - 1e-6) // seconds)
         if first == last:
             pure[first] = cue["text"]
-            assert cue["text"] == scenes_mod.caption(scenes_mod.CLIP_SCENES[first]), cue
-    assert set(pure) == set(range(len(scenes_mod.CLIP_SCENES)))  # every scene has a window of its own
+            assert cue["text"] == demo_scenes.caption(demo_scenes.CLIP_SCENES[first]), cue
+    assert set(pure) == set(range(len(demo_scenes.CLIP_SCENES)))  # every scene has a window of its own
 
 
 def test_manifest_pins_the_shipped_files():

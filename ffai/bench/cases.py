@@ -239,14 +239,13 @@ def is_demo_model(model_dir: Path) -> bool:
 
 
 def demo_items(n: int = DEMO_N, seed: int = DEMO_SEED) -> list[QualityItem]:
-    """The demo model's held-out scenes (scripts/eval_demo_model.py), rendered here."""
-    evaluation = load_script("eval_demo_model")
-    scenes = sys.modules["demo_scenes"]  # imported by eval_demo_model
-    out = []
-    for i, item in enumerate(evaluation.items(n, seed)):
-        images = tuple(scenes.render(item.scene, item.n_frames, item.canvas))
-        out.append(QualityItem(str(i), images, item.split, None, scenes.caption(item.scene), evaluation.MAX_NEW_TOKENS))
-    return out
+    """The demo model's held-out scenes (``demo_eval.items``), rendered here."""
+    from ffai.bench import demo_eval
+
+    return [
+        QualityItem(str(i), tuple(item.images()), item.split, None, item.answer, demo_eval.MAX_NEW_TOKENS)
+        for i, item in enumerate(demo_eval.items(n, seed))
+    ]
 
 
 def corpus_items(folder: Path) -> list[QualityItem]:
