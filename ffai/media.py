@@ -16,6 +16,11 @@ Conventions:
   ffmpeg's autorotate); flips in the matrix and non-square sample aspect ratios are not.
 - Animated GIF/WebP/APNG files are images: the first frame. A still that only FFmpeg can read
   (e.g. EXR) is a one-frame video.
+- A still is returned upright (EXIF orientation applied) in the mode Pillow read it (RGBA, LA,
+  P with its transparency, 16-bit, float, CMYK ...), with no colour conversion: the engine
+  converts it once, as its reference does (SmolVLM composites transparency onto white), so
+  the model sees the pixels the reference sees for ``PIL.Image.open`` of the same file. Video
+  frames are RGB8 (swscale converts them).
 - A packet that fails to decode is skipped and counted, as ffmpeg does; the count is logged
   as a warning at the end. A file cut short therefore yields the frames before the cut.
 
@@ -35,14 +40,14 @@ from fractions import Fraction
 from pathlib import Path
 
 import av
-import numpy as np
 from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
 
 from ffai.errors import MediaError, UsageError
 
 log = logging.getLogger(__name__)
 
-MAX_SIDE = 16384  # largest width or height accepted, image or video
+# Largest width or height accepted, image or video; engines import it for the images they are handed.
+MAX_SIDE = 16384
 TIME_EPS = 1e-6  # seconds; finer than any real time base step (1/90000 s = 11 us)
 _SEEK_BACKOFF_S = 1.0  # first step back when a seek lands after the requested start
 _EXIF_SWAPS_AXES = {5, 6, 7, 8}  # orientations that transpose the image
@@ -76,7 +81,7 @@ class MediaInfo:
 @dataclass(frozen=True)
 class Frame:
     time: float  # seconds on the source timeline (see module docstring)
-    image: Image.Image  # RGB, 8 bits per channel, upright
+    image: Image.Image  # upright; RGB8 for video, a still's own mode (see the module docstring)
 
 
 # ---------------------------------------------------------------------------- public API
@@ -97,8 +102,8 @@ def probe(path: str | Path) -> MediaInfo:
 
 
 def load_image(path: str | Path) -> Image.Image:
-    """The still image at `path` as upright RGB8 (EXIF orientation applied, alpha dropped,
-    16-bit and float images scaled to 8 bits)."""
+    """The still image at `path`, upright (EXIF orientation applied), in the mode it was read:
+    no colour conversion, so transparency, palettes and 16-bit or float samples reach the engine."""
     file = _check_file(path)
     with _open_still(file) as image:
         if image is None:
@@ -106,8 +111,8 @@ def load_image(path: str | Path) -> Image.Image:
         _check_size(file, *image.size)
         try:
             image.load()
-            upright = ImageOps.exif_transpose(image)
-            return _to_rgb8(upright)
+            # A copy either way, so the image outlives the file closed below.
+            return ImageOps.exif_transpose(image)
         except (OSError, SyntaxError, ValueError, EOFError) as e:
             raise MediaError(f"{file}: cannot decode image: {e}") from e
 
@@ -211,33 +216,6 @@ def _verify(file: Path) -> None:
             image.verify()
     except Exception as e:  # Pillow raises many types for a corrupt file
         raise MediaError(f"{file}: corrupt image: {e}") from e
-
-
-def _to_rgb8(image: Image.Image) -> Image.Image:
-    """RGB8 from any Pillow mode; alpha is dropped, not composited."""
-    if image.mode == "RGB":
-        return image
-    if image.mode.startswith("I") or image.mode == "F":
-        return Image.fromarray(_scale_to_uint8(np.asarray(image)), "L").convert("RGB")
-    if image.mode in ("La", "PA"):
-        image = image.convert("RGBA")
-    return image.convert("RGB")
-
-
-def _scale_to_uint8(values: np.ndarray) -> np.ndarray:
-    """8-bit grey from 16-bit, 32-bit integer or float pixels (H, W).
-
-    Integers within 0..65535 are 16-bit samples (Pillow's "I" often holds 16-bit PNG/TIFF data);
-    floats within 0..1 are unit intensities; anything else is stretched from its min to its max.
-    """
-    if values.dtype.kind in "ui" and values.min() >= 0 and values.max() <= 65535:
-        scaled = (values.astype(np.uint32) * 255 + 32767) // 65535  # round(v * 255 / 65535)
-        return scaled.astype(np.uint8)
-    unit = np.nan_to_num(values.astype(np.float64), nan=0.0, posinf=0.0, neginf=0.0)
-    low, high = float(unit.min()), float(unit.max())
-    if values.dtype.kind != "f" or low < 0.0 or high > 1.0:
-        unit = (unit - low) / (high - low) if high > low else np.zeros_like(unit)
-    return np.rint(unit * 255).astype(np.uint8)
 
 
 # ---------------------------------------------------------------------------- video

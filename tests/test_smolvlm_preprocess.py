@@ -19,6 +19,7 @@ from ffai_smolvlm.preprocess import (
     longest_edge_size,
     preprocess_images,
     tile_multiple_size,
+    to_rgb,
 )
 
 MODEL_DIR = Path(__file__).parent / "data" / "smolvlm-256m-instruct"
@@ -201,3 +202,57 @@ def test_gate1_tiny_geometry(tmp_path):
     assert (cfg.tile_size, cfg.longest_edge) == (64, 256)
     for split in (True, False):
         _assert_same_as_reference(reference, [noisy_gradient(300, 170, seed=5), noisy_gradient(41, 77, "RGBA")], split, cfg)
+
+
+def _mode_samples() -> dict[str, Image.Image]:
+    """One small image per Pillow mode the reference's convert_to_rgb may be handed, with
+    transparency over strongly non-white colour wherever the mode carries it."""
+    rgb = noisy_gradient(23, 17, seed=9)
+    alpha = Image.frombytes("L", rgb.size, bytes((17 * i) % 256 for i in range(23 * 17)))
+    rgba = rgb.copy()
+    rgba.putalpha(alpha)
+    grey = rgb.convert("L")
+    palette = rgb.quantize(32)
+    p_index, p_bytes, rgb_trns, l_trns = palette.copy(), palette.copy(), rgb.copy(), grey.copy()
+    p_index.info["transparency"] = 5
+    p_bytes.info["transparency"] = bytes((40 * i) % 256 for i in range(32))
+    rgb_trns.info["transparency"] = rgb.getpixel((3, 3))
+    l_trns.info["transparency"] = grey.getpixel((3, 3))
+    ramp = torch.arange(23 * 17, dtype=torch.int32).view(17, 23) * 157
+    return {
+        "RGB": rgb, "RGBA": rgba, "LA": Image.merge("LA", (grey, alpha)), "PA": Image.merge("PA", (palette, alpha)),
+        "P": palette, "P+tRNS index": p_index, "P+tRNS bytes": p_bytes, "RGB+tRNS": rgb_trns, "L+tRNS": l_trns,
+        "L": grey, "1": grey.convert("1"), "CMYK": rgb.convert("CMYK"), "YCbCr": rgb.convert("YCbCr"),
+        "RGBX": rgb.convert("RGBX"), "RGBa": rgba.convert("RGBa"), "HSV": rgb.convert("HSV"), "LAB": rgb.convert("LAB"),
+        "I;16": Image.fromarray(ramp.numpy().astype("uint16")),
+        "I": Image.fromarray(ramp.numpy()),
+        "F": Image.fromarray(ramp.numpy().astype("float32") / 311.0 - 20.0),
+    }
+
+
+TRANSPARENT = ("RGBA", "LA", "PA", "P+tRNS index", "P+tRNS bytes", "RGB+tRNS", "L+tRNS")  # LAB's A is a colour
+
+
+@pytest.mark.oracle
+@pytest.mark.filterwarnings("ignore:Palette images with Transparency expressed in bytes")
+@pytest.mark.parametrize("name", list(_mode_samples()))
+def test_to_rgb_is_the_reference_conversion_mode_for_mode(name):
+    """The one colour conversion on the way to the model is transformers' ``convert_to_rgb``."""
+    image_transforms = pytest.importorskip("transformers.image_transforms")
+    image = _mode_samples()[name]
+    ours = to_rgb(image)
+    theirs = image_transforms.convert_to_rgb(image, return_numpy=True)
+    assert ours.mode == "RGB" and ours.tobytes() == theirs.tobytes()
+    if name in TRANSPARENT:  # compositing onto white is not dropping alpha
+        assert ours.tobytes() != image.convert("RGB").tobytes()
+
+
+@pytest.mark.oracle
+def test_to_rgb_refuses_what_the_reference_cannot_convert():
+    image_transforms = pytest.importorskip("transformers.image_transforms")
+    premultiplied = _mode_samples()["LA"].convert("La")
+    with pytest.raises(ValueError):
+        image_transforms.convert_to_rgb(premultiplied, return_numpy=True)
+    with pytest.raises(MediaError, match=r"^cannot convert a La image to RGB: ") as refused:
+        to_rgb(premultiplied)
+    assert "\n" not in str(refused.value)

@@ -3,7 +3,8 @@
 Follows ``Idefics3ImageProcessorPil`` (transformers 5.24, the class that
 ``Idefics3Processor.from_pretrained`` builds when torchvision is absent or ``backend="pil"``):
 
-1. convert to RGB (transparency composited onto white);
+1. convert to RGB (transparency composited onto white): the only colour conversion on the way
+   from a file to the model, since ``ffai.media`` hands over a still in the mode it was read;
 2. resize so the longest edge is ``size.longest_edge`` (2048) -- small images are upscaled too;
 3. split mode: resize up to multiples of the tile (512), cut row-major tiles, then append a
    global image squashed to tile x tile; unsplit mode: squash the image to tile x tile;
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from ffai.errors import MediaError, ModelError
+from ffai.media import MAX_SIDE
 
 from .config import read_json_object
 
@@ -36,8 +38,6 @@ IMAGE_PROCESSOR_TYPES = ("Idefics3ImageProcessor", "Idefics3ImageProcessorPil", 
 REQUIRED_FLAGS = ("do_convert_rgb", "do_resize", "do_rescale", "do_normalize", "do_pad")
 # The reference's absolute cap on the resized image (its MAX_IMAGE_SIZE).
 MAX_RESIZED_EDGE = 4096
-# Refuse absurd inputs before anything is allocated for them.
-MAX_INPUT_EDGE = 16384
 
 
 @dataclass(frozen=True)
@@ -125,20 +125,28 @@ def preprocess_images(images: Sequence[Image.Image], cfg: ProcessorConfig, *, sp
 
 
 def check_image_size(image: Image.Image) -> None:
+    """Refuse absurd inputs (library callers included) before anything is allocated for them."""
     width, height = image.size
-    if not (0 < width <= MAX_INPUT_EDGE and 0 < height <= MAX_INPUT_EDGE):
-        raise MediaError(f"image of {width}x{height} pixels: each side must be 1..{MAX_INPUT_EDGE}")
+    if not (0 < width <= MAX_SIDE and 0 < height <= MAX_SIDE):
+        raise MediaError(f"image of {width}x{height} pixels: each side must be 1..{MAX_SIDE}")
 
 
 def to_rgb(image: Image.Image) -> Image.Image:
-    """RGB as the reference converts: anything with transparency is composited onto white."""
+    """RGB as the reference (``transformers.image_transforms.convert_to_rgb``) converts, mode for
+    mode: anything with an "A" band or a ``transparency`` entry (P or L or RGB with tRNS, LA, PA,
+    RGBA) is composited onto white; every other mode goes through Pillow's ``convert("RGB")``,
+    which clips 16-bit and float samples to 0..255 rather than scaling them. A mode Pillow cannot
+    convert (premultiplied "La"; the reference raises there too) is a MediaError."""
     from PIL import Image
 
-    if "A" in image.getbands() or image.info.get("transparency") is not None:
-        rgba = image.convert("RGBA")
-        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-        return Image.alpha_composite(white, rgba).convert("RGB")
-    return image.convert("RGB")
+    try:
+        if "A" in image.getbands() or image.info.get("transparency") is not None:
+            rgba = image.convert("RGBA")
+            white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+            return Image.alpha_composite(white, rgba).convert("RGB")
+        return image.convert("RGB")
+    except ValueError as e:
+        raise MediaError(f"cannot convert a {image.mode} image to RGB: {e}") from e
 
 
 def _frames(image: Image.Image, cfg: ProcessorConfig, split: bool) -> tuple[list[Image.Image], tuple[int, int]]:
