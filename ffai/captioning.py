@@ -8,7 +8,6 @@ the engine only through the contract in ``ffai.engine``.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +18,7 @@ from ffai.engine import DecodingOptions, DescribeRequest, Engine, RuntimeOptions
 from ffai.errors import UsageError
 from ffai.pipeline import Coordinator, PipelineConfig, ProcessConfig, StageConfig
 from ffai.tracks import Cue
-from ffai.windows import make_windows
+from ffai.windows import check_window, make_windows
 
 
 @dataclass(frozen=True)
@@ -41,16 +40,8 @@ class CaptionOptions:
     def __post_init__(self) -> None:
         if self.max_in_flight < 1:
             raise UsageError("--max-in-flight must be at least 1")
-        if not math.isfinite(self.fps) or self.fps <= 0:
-            raise UsageError("--fps must be a number > 0")
-        if self.window < 1:
-            raise UsageError("--window must be at least 1")
-        if not math.isfinite(self.start) or self.start < 0:
-            raise UsageError("-ss must be >= 0 seconds")
-        if self.duration is not None and (not math.isfinite(self.duration) or self.duration <= 0):
-            raise UsageError("-t must be > 0 seconds")
-        if self.max_frames is not None and self.max_frames < 1:
-            raise UsageError("--max-frames must be at least 1")
+        media.check_sampling(self.fps, self.start, self.duration, self.max_frames)
+        check_window(self.window)
 
 
 @dataclass

@@ -43,6 +43,7 @@ import av
 from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
 
 from ffai.errors import MediaError, UsageError
+from ffai.windows import check_fps
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +131,7 @@ def sample_frames(
     as the iterator is consumed, and closed when it is exhausted or closed. An image gives one
     frame at time 0.0.
     """
-    _check_sampling(fps, start, duration, max_frames)
+    check_sampling(fps, start, duration, max_frames)
     file = _check_file(path)
     return _sample(file, fps, start, duration, max_frames)
 
@@ -159,15 +160,15 @@ def _check_size(file: Path, width: int, height: int) -> tuple[int, int]:
     return width, height
 
 
-def _check_sampling(fps: float, start: float, duration: float | None, max_frames: int | None) -> None:
-    if not (math.isfinite(fps) and fps > 0):
-        raise UsageError(f"fps must be a positive number, got {fps}")
+def check_sampling(fps: float, start: float, duration: float | None, max_frames: int | None) -> None:
+    """The one rule set for ``--fps``, ``-ss``, ``-t`` and ``--max-frames``, library and CLI alike."""
+    check_fps(fps)
     if not (math.isfinite(start) and start >= 0):
-        raise UsageError(f"start must be a non-negative number of seconds, got {start}")
+        raise UsageError(f"-ss must be a number of seconds >= 0, got {start:g}")
     if duration is not None and not (math.isfinite(duration) and duration > 0):
-        raise UsageError(f"duration must be a positive number of seconds, got {duration}")
-    if max_frames is not None and max_frames < 0:
-        raise UsageError(f"max_frames must be 0 or more, got {max_frames}")
+        raise UsageError(f"-t must be a number of seconds > 0, got {duration:g}")
+    if max_frames is not None and max_frames < 1:
+        raise UsageError(f"--max-frames must be at least 1, got {max_frames}")
 
 
 # ---------------------------------------------------------------------------- images
@@ -435,8 +436,6 @@ def _positioned(
 def _sample(
     file: Path, fps: float, start: float, duration: float | None, max_frames: int | None
 ) -> Iterator[Frame]:
-    if max_frames == 0:
-        return
     with _open_still(file) as image:
         is_still = image is not None
     if is_still:

@@ -13,6 +13,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Protocol
 
+from ffai.errors import UsageError
+
 
 class TimedFrame(Protocol):
     """Anything with a presentation time in seconds and a picture (``ffai.media.Frame``)."""
@@ -42,13 +44,23 @@ def make_windows(
     """Group ``frames`` (sampled at ``fps``, in time order) into windows of ``size`` samples.
 
     The remainder window is kept; ``size=1`` is per-frame; no frames give no windows. Bad
-    arguments raise ``ValueError`` here, at the call, not at the first ``next()``.
+    arguments raise ``UsageError`` here, at the call, not at the first ``next()``.
     """
-    if size < 1:
-        raise ValueError(f"window size must be at least 1, got {size}")
-    if not (math.isfinite(fps) and fps > 0):
-        raise ValueError(f"fps must be a finite number > 0, got {fps}")
+    check_window(size)
+    check_fps(fps)
     return _tile(iter(frames), size, 1.0 / fps, clip_end)
+
+
+def check_window(size: int) -> None:
+    """The one rule for ``--window``."""
+    if size < 1:
+        raise UsageError(f"--window must be at least 1, got {size}")
+
+
+def check_fps(fps: float) -> None:
+    """The one rule for ``--fps`` (sampling and windows both divide by it)."""
+    if not (math.isfinite(fps) and fps > 0):
+        raise UsageError(f"--fps must be a number > 0, got {fps:g}")
 
 
 _END = object()  # marks the end of the frame iterator (frames themselves may be anything)

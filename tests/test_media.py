@@ -155,7 +155,8 @@ def test_duration_bounds_the_segment(clips):
 
 def test_max_frames(clips):
     assert len(list(media.sample_frames(clips["cfr"], 5, max_frames=3))) == 3
-    assert list(media.sample_frames(clips["cfr"], 5, max_frames=0)) == []
+    with pytest.raises(UsageError, match="--max-frames"):  # the CLI's rule: at least 1
+        media.sample_frames(clips["cfr"], 5, max_frames=0)
 
 
 def test_times_start_at_zero_when_the_stream_does_not(clips):
@@ -179,8 +180,9 @@ def test_sampling_is_lazy(tmp_path, monkeypatch):
 
 
 def test_bad_sampling_arguments_are_refused_up_front(clips):
-    for kwargs in [{"fps": 0}, {"fps": float("nan")}, {"fps": 1, "start": -1}, {"fps": 1, "duration": 0}]:
-        with pytest.raises(UsageError):
+    for kwargs, flag in [({"fps": 0}, "--fps"), ({"fps": float("nan")}, "--fps"), ({"fps": 1, "start": -1}, "-ss"),
+                         ({"fps": 1, "duration": 0}, "-t"), ({"fps": 1, "max_frames": -1}, "--max-frames")]:
+        with pytest.raises(UsageError, match=flag):
             media.sample_frames(clips["cfr"], **kwargs)
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from ffai.errors import UsageError
 from ffai.windows import Window, make_windows
 
 
@@ -101,7 +102,7 @@ def test_bad_arguments_raise_at_the_call(size, fps):
         raise AssertionError("frames must not be read before the arguments are checked")
         yield  # pragma: no cover
 
-    with pytest.raises(ValueError):
+    with pytest.raises(UsageError, match="--window" if size < 1 else "--fps"):
         make_windows(never_read(), size, fps)
 
 
