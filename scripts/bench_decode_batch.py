@@ -27,9 +27,6 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO / "tests")]
-
 SCHEDULES = ("serial", "interleaved", "stacked")
 
 
@@ -93,7 +90,7 @@ def main() -> int:
 
     import torch
 
-    import checkpoints
+    from ffai.bench import checkpoints
     from ffai.engine import RuntimeOptions
     from ffai_smolvlm import ENGINE
 

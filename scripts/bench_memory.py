@@ -15,11 +15,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO / "scripts"), str(REPO / "tests")]
-
-from ffai.rss import run_measured  # noqa: E402
-from make_sample_media import make_clip  # noqa: E402
+from ffai.bench.sample_media import make_clip
+from ffai.rss import run_measured
 
 
 def main() -> int:
@@ -32,7 +29,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, nargs=2, default=(60.0, 600.0))
     args = parser.parse_args()
     if args.model is None:
-        import checkpoints
+        from ffai.bench import checkpoints
 
         args.model = str(checkpoints.checkpoint("tiny"))
     width, height = (int(v) for v in args.size.split("x"))

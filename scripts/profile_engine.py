@@ -3,7 +3,7 @@
     python scripts/profile_engine.py [--threads 2] [--cases frame,window,still] [--repeat 2] [--tokens 32]
                                      [--reference-attention sdpa|eager]
 
-Both run on the real-shape random checkpoint (``tests/checkpoints.py: checkpoint("real")``),
+Both run on the real-shape random checkpoint (``ffai.bench.checkpoints.checkpoint("real")``),
 fp32, greedy, ``--tokens`` forced new tokens, and must give the same tokens. Each repeat runs
 ours then the reference on the same images; the table keeps each stage's minimum over the
 repeats (the machine is shared, so the minimum is the least noisy estimate).
@@ -24,10 +24,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO / "tests")]
-
 STAGES = ("preprocess", "vision", "prefill", "decode")
+PROFILED = ("frame", "window", "still")  # the bench's one-request cases
 STILL_QUESTION = "Describe this image."
 FRAMES_QUESTION = "Describe what happens in these frames."
 
@@ -62,15 +60,13 @@ class StepClock:
 
 
 def case_images(name: str):
-    from test_smolvlm_model import random_image
+    """The bench's images for ``name`` (ffai.bench.cases), so the profile and the bench time the same inputs."""
+    from ffai.bench import cases
 
-    if name == "frame":
-        return [random_image(1, (640, 360))], False
-    if name == "window":
-        return [random_image(10 + i, (640, 360)) for i in range(8)], False
-    if name == "still":
-        return [random_image(2, (2048, 1536))], True
-    raise SystemExit(f"unknown case {name!r} (frame, window, still)")
+    if name not in PROFILED:
+        raise SystemExit(f"unknown case {name!r} ({', '.join(PROFILED)})")
+    item = cases.items(name)[0]
+    return list(item.images), item.split
 
 
 def run_ours(model, images, split: bool, n: int) -> tuple[dict, list[int], int]:
@@ -147,7 +143,8 @@ def main() -> int:
     args = parser.parse_args()
 
     import torch
-    import checkpoints
+
+    from ffai.bench import checkpoints
     from ffai.engine import RuntimeOptions
     from ffai_smolvlm import ENGINE
 

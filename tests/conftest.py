@@ -1,15 +1,14 @@
-"""Shared fixtures: random-weight SmolVLM checkpoints (cached on disk, see tests/checkpoints.py)."""
+"""Shared fixtures: random-weight SmolVLM checkpoints, cached on disk, and the transformers
+reference on them (both from ffai.bench.checkpoints). Helper modules beside the tests
+(media_fixtures, hub_server) import by name: pyproject's pytest ``pythonpath`` lists tests/."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import checkpoints  # noqa: E402  (tests/ is not a package)
+from ffai.bench import checkpoints
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,5 @@
-"""Shared helpers for tests that need media: the clip writers of scripts/make_sample_media.py,
-plus an independent reading of a clip's timestamps and the sampling rule applied to them.
+"""Shared helpers for tests that need media: the clip writers of ffai.bench.sample_media, plus
+an independent reading of a clip's timestamps and the sampling rule applied to them.
 
     from media_fixtures import make_clip, read_frame_index
     clip = make_clip(tmp_path / "clip.mp4", seconds=12, fps=25)  # 64x48, about 0.2 s to write
@@ -13,23 +13,36 @@ from pathlib import Path
 
 import av
 
-from ffai.bench.cases import load_script
+from ffai.bench.sample_media import (
+    CORNERS,
+    make_10bit_clip,
+    make_audio_only,
+    make_clip,
+    make_odd_size_clip,
+    make_rotated_clip,
+    make_truncated_mp4,
+    make_vfr_clip,
+    make_zero_frame_clip,
+    read_frame_index,
+    vfr_times_ms,
+)
 
-_media = load_script("make_sample_media")
-CORNERS = _media.CORNERS
-draw_frame = _media.draw_frame
-read_frame_index = _media.read_frame_index
-make_clip = _media.make_clip
-make_vfr_clip = _media.make_vfr_clip
-vfr_times_ms = _media.vfr_times_ms
-make_odd_size_clip = _media.make_odd_size_clip
-make_rotated_clip = _media.make_rotated_clip
-make_10bit_clip = _media.make_10bit_clip
-make_zero_frame_clip = _media.make_zero_frame_clip
-make_audio_only = _media.make_audio_only
-make_truncated_mp4 = _media.make_truncated_mp4
-truncate = _media.truncate
-make_all = _media.make_all
+# The writers are the package's; the tests import them from here beside the two readers below.
+__all__ = [
+    "CORNERS",
+    "decoded_times",
+    "expected_sample_times",
+    "make_10bit_clip",
+    "make_audio_only",
+    "make_clip",
+    "make_odd_size_clip",
+    "make_rotated_clip",
+    "make_truncated_mp4",
+    "make_vfr_clip",
+    "make_zero_frame_clip",
+    "read_frame_index",
+    "vfr_times_ms",
+]
 
 
 def decoded_times(path: str | Path) -> list[float]:

@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from ffai.bench import cases, gates, ledger
+from ffai.bench import checkpoints, gates, ledger
 from ffai.bench.cli import BenchOptions, parse_cases
-from ffai.errors import UsageError
+from ffai.errors import ModelError, UsageError
 
 # Registers the bench under the app if ffai/cli.py does not yet, then runs the CLI.
 RUN_CLI = """
@@ -85,13 +85,13 @@ def test_place_atomically_leaves_nothing_half_written(tmp_path):
         raise OSError("disk full")
 
     with pytest.raises(OSError, match="disk full"):
-        cases.place_atomically(final, fail)
+        checkpoints.place_atomically(final, fail)
     assert list(tmp_path.iterdir()) == []  # neither the target nor the temporary folder
 
     def write(tmp):
         (tmp / "config.json").write_text("{}")
 
-    assert cases.place_atomically(final, write) == final
+    assert checkpoints.place_atomically(final, write) == final
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt"] and (final / "config.json").read_text() == "{}"
     assert oct(final.stat().st_mode & 0o777) == oct(0o755)
 
@@ -104,9 +104,51 @@ def test_place_atomically_lets_a_parallel_writer_win(tmp_path):
         final.mkdir()  # the other writer renames its folder into place first
         (final / "config.json").write_text("theirs")
 
-    assert cases.place_atomically(final, write_while_another_finishes) == final
+    assert checkpoints.place_atomically(final, write_while_another_finishes) == final
     assert (final / "config.json").read_text() == "theirs"
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt"]
+
+
+def test_checkpoint_key_follows_the_writer_kind_seed_and_dtype(tmp_path, monkeypatch):
+    key = checkpoints.checkpoint_key("tiny")
+    assert key == checkpoints.checkpoint_key("tiny") and len(key) == 12
+    others = {checkpoints.checkpoint_key(*args) for args in [("real",), ("tiny", 1), ("tiny", 0, "bfloat16")]}
+    assert key not in others and len(others) == 3
+    assert checkpoints.cache_folder("tiny") == checkpoints.CACHE / f"tiny-{key}"
+    # The writer's own code is hashed: an edit to the module, even a comment, is a new folder.
+    edited = tmp_path / "checkpoints.py"
+    edited.write_text(open(checkpoints.__file__, encoding="utf-8").read() + "# edited\n", encoding="utf-8")
+    monkeypatch.setattr(checkpoints, "__file__", str(edited))
+    assert checkpoints.checkpoint_key("tiny") != key
+
+
+def test_missing_reference_files_are_one_line_errors(tmp_path, monkeypatch):
+    absent = tmp_path / "smolvlm-256m-instruct"
+    monkeypatch.setattr(checkpoints, "REFERENCE_DIR", absent)
+    with pytest.raises(ModelError) as error:
+        checkpoints.checkpoint("tiny")
+    assert str(error.value).startswith(f"{absent} is missing") and "\n" not in str(error.value)
+    assert list(tmp_path.iterdir()) == []
+
+    # The bench without --model needs them for its default checkpoint.
+    code = f"from ffai.bench import checkpoints\ncheckpoints.REFERENCE_DIR = checkpoints.Path({str(absent)!r})\n" + RUN_CLI
+    proc = subprocess.run([sys.executable, "-c", code, "--cases", "frame", "--ledger", str(tmp_path / "l.jsonl")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"ffai: error: no --model given, and {absent} is missing: the random test checkpoints are built from the "
+        f"real config and tokenizer files there, which ship with a source checkout only; pass --model PATH to a "
+        f"SmolVLM checkpoint"]
+    assert not (tmp_path / "l.jsonl").exists()
+
+
+def test_default_ledger_is_read_from_the_environment_when_used(tmp_path, monkeypatch):
+    monkeypatch.setenv("FFAI_HOME", str(tmp_path / "home"))
+    assert ledger.default_ledger() == tmp_path / "home" / "bench" / "ledger.jsonl"
+    ledger.append(None, {"run": 1})
+    ledger.append(None, {"run": 2})
+    lines = (tmp_path / "home" / "bench" / "ledger.jsonl").read_text(encoding="utf-8").splitlines()
+    assert [json.loads(line) for line in lines] == [{"run": 1}, {"run": 2}]
 
 
 def test_options_are_checked_before_anything_runs(tmp_path):

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
-import checkpoints
+from ffai.bench import checkpoints
 from ffai.errors import ModelError
 from ffai_smolvlm.config import ModelConfig
 from ffai_smolvlm.weights import WEIGHT_NAMES, checkpoint_name, load_model
 
-REAL_CONFIG = checkpoints.REPO / "tests" / "data" / "smolvlm-256m-instruct" / "config.json"
+REAL_CONFIG = checkpoints.REFERENCE_DIR / "config.json"
 
 
 def real_dict() -> dict:
@@ -122,7 +122,7 @@ def variant_tied_biased() -> dict:
 
 
 def save_reference(config: dict, out: Path, seed: int = 0):
-    ref = checkpoints.writer().build_model(config, seed)
+    ref = checkpoints.build_model(config, seed)
     ref.save_pretrained(out, safe_serialization=True)
     return ref
 

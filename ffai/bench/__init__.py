@@ -1,6 +1,9 @@
 """`ffai bench vlm`: ffai's engine against the transformers reference, same checkpoint and inputs.
 
-- ``cases``: the inputs (frame, still, window, clip), the decoding budget, the default checkpoint.
+- ``cases``: the inputs (frame, still, window, clip), the decoding budget, the quality items.
+- ``checkpoints``: the random-weight checkpoints the bench and the tests share (the bench's
+  default), cached in ``.cache/checkpoints/``, and the transformers reference loaded on them.
+- ``sample_media``: small generated clips (frame indices drawn in), for the tests and scripts.
 - ``arms``: the two arms, each run in a fresh subprocess (``python -m ffai.bench.arms``).
 - ``gates``: the schedule (ABBA), per-case summaries and the four gates.
 - ``ledger``: one JSON line per run, appended.

@@ -1,22 +1,15 @@
-"""The bench's inputs: four cases, the decoding budget both arms share, the default checkpoint.
+"""The bench's inputs: four cases, the decoding budget both arms share, the quality items.
 
 Images are synthetic (seeded gradients plus noise, so resizing keeps structure) and built the
 same way in each arm's process; the clip is written once per run by the parent and both arms
-decode that one file with ``ffai.media.sample_frames``. Speed and memory do not depend on the
-weights' values, so the default checkpoint is the real SmolVLM-256M shape with random weights.
+decode that one file with ``ffai.media.sample_frames``. The default checkpoint (real
+SmolVLM-256M shapes, random weights) is ``ffai.bench.checkpoints.default_checkpoint``.
 """
 
 from __future__ import annotations
 
-import hashlib
-import importlib.metadata
 import importlib.util
 import json
-import os
-import shutil
-import subprocess
-import sys
-import tempfile
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -37,9 +30,6 @@ CLIP_SECONDS, CLIP_SOURCE_FPS = 12.0, 25
 CLIP_FPS, CLIP_WINDOW = 1.0, 2  # `ffai caption --fps 1 --window 2`: 6 windows of 2 frames
 CLIP_CODEC_OPTIONS = {"preset": "veryfast"}
 
-REPO = Path(__file__).resolve().parents[2]
-CHECKPOINT_SCRIPT = REPO / "scripts" / "make_checkpoint.py"
-CHECKPOINT_CACHE = REPO / ".cache" / "checkpoints"
 MISSING_REFERENCE = "the reference arm needs transformers: pip install 'ffai[reference]'"
 
 
@@ -121,7 +111,7 @@ def write_clip(path: Path) -> Path:
     return path
 
 
-# --- the default checkpoint: real 256M shapes, random weights ------------------------------
+# --- the reference -------------------------------------------------------------------------
 
 
 def require_reference() -> None:
@@ -132,79 +122,6 @@ def require_reference() -> None:
         found = False
     if not found:
         raise ModelError(MISSING_REFERENCE)
-
-
-def load_script(name: str):
-    """``scripts/<name>.py`` as a module, loaded once under its own name (scripts/ is not a
-    package, and ships with a source checkout only)."""
-    path = REPO / "scripts" / f"{name}.py"
-    if not path.is_file():
-        raise UsageError(f"{path} is missing (it ships with a source checkout)")
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-def checkpoint_writer():
-    """scripts/make_checkpoint.py; it imports torch and transformers only inside its functions,
-    so loading it is cheap."""
-    if not CHECKPOINT_SCRIPT.is_file():
-        raise UsageError(
-            f"no --model given and {CHECKPOINT_SCRIPT} is missing (it ships with a source checkout); "
-            f"pass --model PATH to a SmolVLM checkpoint"
-        )
-    return load_script(CHECKPOINT_SCRIPT.stem)
-
-
-def checkpoint_key(kind: str = "real", seed: int = 0, dtype: str = "float32") -> str:
-    """The cache key of a random checkpoint: it hashes the writer script, the config it builds,
-    the seed, the dtype and the transformers version, so a change to any of them means a fresh
-    folder. The bench and the tests (tests/checkpoints.py) share the folders."""
-    h = hashlib.sha256(CHECKPOINT_SCRIPT.read_bytes())
-    h.update(json.dumps(checkpoint_writer().config_dict(kind), sort_keys=True).encode())
-    h.update(f"{seed}/{dtype}/{importlib.metadata.version('transformers')}".encode())
-    return h.hexdigest()[:12]
-
-
-def place_atomically(final: Path, write) -> Path:
-    """``write(tmp)`` into a fresh folder beside ``final``, then renamed into place: an aborted
-    run leaves no half-written ``final``, and of two parallel writers the second discards its copy."""
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=final.parent))
-    try:
-        write(tmp)
-        tmp.chmod(0o755)  # mkdtemp makes it private
-        os.rename(tmp, final)
-    except OSError:
-        if not final.is_dir():  # a parallel writer won the rename; anything else is a real error
-            raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
-
-
-def default_checkpoint(log=lambda message: None) -> Path:
-    """The real-shape random checkpoint under .cache/checkpoints, written first when absent.
-
-    The writer runs in a subprocess so this process never imports torch or transformers; it
-    writes into a temporary folder renamed into place, so an aborted run leaves nothing half done.
-    """
-    require_reference()
-    final = CHECKPOINT_CACHE / f"real-{checkpoint_key()}"
-    if final.is_dir():
-        return final
-    log(f"writing the real-shape random checkpoint (~1 GB) to {final}")
-
-    def write(tmp: Path) -> None:
-        cmd = [sys.executable, str(CHECKPOINT_SCRIPT), "--config", "real", "--out", str(tmp)]
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        if done.returncode != 0:
-            raise ModelError(f"{CHECKPOINT_SCRIPT.name} failed: {done.stderr.strip().splitlines()[-1:]}")
-
-    return place_atomically(final, write)
 
 
 # --- the quality corpus ------------------------------------------------------------------------

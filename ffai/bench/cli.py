@@ -23,7 +23,7 @@ How a run goes (choices documented here, in one place):
   bundled ``smolvlm-demo`` (its held-out scenes), each arm answers once more in its own
   process; otherwise the gate is SKIP.
 - Output: a rich table on stderr, the report as JSON on stdout with ``--json``, one line
-  appended to the ledger (``--ledger FILE``, default ``.cache/bench/ledger.jsonl``).
+  appended to the ledger (``--ledger FILE``, default ``$FFAI_HOME/bench/ledger.jsonl``).
 - Exit status: 0 when no gate FAILed (SKIP is not a failure, and not a pass), 1 when any did —
   a bench is a gate; ``--no-fail`` reports and exits 0 anyway. Targets never decide the exit.
 """
@@ -40,7 +40,7 @@ from typing import Callable, Optional
 import typer
 
 from ffai.bench import cases as inputs
-from ffai.bench import gates, ledger
+from ffai.bench import checkpoints, gates, ledger
 from ffai.engine import DTYPES
 from ffai.errors import EngineError, UsageError
 
@@ -105,7 +105,7 @@ def run_bench(options: BenchOptions, log: Callable[[str], None] = lambda message
     from ffai.captioning import available_cores
 
     inputs.require_reference()
-    model_dir = models.resolve(options.model) if options.model else inputs.default_checkpoint(log)
+    model_dir = models.resolve(options.model) if options.model else checkpoints.default_checkpoint(log)
     corpus = "demo" if options.quality_corpus is None and inputs.is_demo_model(model_dir) else options.quality_corpus
     cores = options.cores or available_cores()
     runs: dict[str, dict[str, list[dict]]] = {case: {arm: [] for arm in gates.ARMS} for case in options.cases}
@@ -183,7 +183,9 @@ def vlm(
     quality_n: int = typer.Option(inputs.DEMO_N, "--quality-n", help="Held-out scenes asked of the demo model."),
     cores: Optional[int] = typer.Option(None, "--cores", help="Cores both arms may use (default: all available)."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
-    ledger_path: Path = typer.Option(ledger.DEFAULT_LEDGER, "--ledger", help="Append one JSON line per run here."),
+    ledger_path: Optional[Path] = typer.Option(
+        None, "--ledger", help="Append one JSON line per run here (default: $FFAI_HOME/bench/ledger.jsonl)."
+    ),
     no_fail: bool = typer.Option(False, "--no-fail", help="Exit 0 even when a gate fails."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress lines on stderr."),
 ) -> None:

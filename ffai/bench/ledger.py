@@ -3,12 +3,11 @@
 A line holds when and where the run happened (versions, cores, torch threads per arm, git
 commit), what was run (model, dtype, repeats), each case's times, ratios and RSS (tokens left
 out: they are long and only matter through the gates), and the gates. The default ledger is
-``.cache/bench/ledger.jsonl`` in the source tree, beside the default checkpoint.
+``$FFAI_HOME/bench/ledger.jsonl`` (``~/.cache/ffai/bench/ledger.jsonl`` without FFAI_HOME),
+read from the environment when the bench appends, not when this module is imported.
 """
 
 from __future__ import annotations
-
-from ffai.models import ffai_home
 
 import datetime as dt
 import importlib.metadata
@@ -17,12 +16,17 @@ import platform
 import subprocess
 from pathlib import Path
 
-from ffai.bench.cases import REPO
+from ffai.bench.checkpoints import REPO
 from ffai.errors import OutputError
+from ffai.models import ffai_home
 
-DEFAULT_LEDGER = ffai_home() / "bench" / "ledger.jsonl"  # $FFAI_HOME, default ~/.cache/ffai
 PACKAGES = ("ffai", "torch", "transformers", "tokenizers", "av", "pillow")
 REQUIRED_KEYS = ("time", "versions", "cores", "torch_threads", "git_commit", "model", "dtype", "repeats", "cases", "gates")
+
+
+def default_ledger() -> Path:
+    """``$FFAI_HOME/bench/ledger.jsonl``, where a run without ``--ledger`` appends."""
+    return ffai_home() / "bench" / "ledger.jsonl"
 
 
 def versions() -> dict[str, str | None]:
@@ -81,8 +85,10 @@ def ledger_line(report: dict) -> dict:
     }
 
 
-def append(path: Path, line: dict) -> None:
-    """Append one JSON line; the file and its folder are created when missing."""
+def append(path: Path | None, line: dict) -> None:
+    """Append one JSON line to ``path`` (None: the default ledger); the file and its folder are
+    created when missing."""
+    path = default_ledger() if path is None else path
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("a", encoding="utf-8") as f:
