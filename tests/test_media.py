@@ -1,11 +1,13 @@
 """ffai.media: probing, image loading and timestamp sampling, against clips written by
-scripts/make_sample_media.py and timestamps read back independently with PyAV."""
+ffai.bench.sample_media and timestamps read back independently with PyAV."""
 
 from __future__ import annotations
 
 import logging
 import pickle
 import struct
+import subprocess
+import sys
 import zlib
 from pathlib import Path
 
@@ -468,9 +470,11 @@ def test_an_image_samples_as_one_frame_at_zero(tmp_path):
 
 
 def test_sample_media_cli_writes_every_sample(tmp_path):
-    from make_sample_media import main
-
-    assert main([str(tmp_path)]) == 0
+    script = Path(__file__).resolve().parents[1] / "scripts" / "make_sample_media.py"
+    done = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    listed = {Path(line.split("\t")[1]) for line in done.stdout.splitlines()}
+    assert listed == set(tmp_path.iterdir())
     kinds = {}
     for path in sorted(tmp_path.iterdir()):
         try:
