@@ -1,8 +1,9 @@
 """The caption job as a library: ``caption(inputs, options)`` yields cues.
 
-This module owns the order of work: cheap checks first (options, engine, model folder,
-window size against the context), weights only when the first window is ready. It knows
-the engine only through the contract in ``ffai.engine``.
+This module owns the order of work: cheap checks first (options, inputs, engine, model
+folder, window size against the context), then the pipeline, whose stages load the weights.
+It also decides where the stages run (``placement``). It knows the engine only through the
+contract in ``ffai.engine``.
 """
 
 from __future__ import annotations
@@ -11,14 +12,16 @@ import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Sequence
+from typing import Callable, Hashable, Iterable, Iterator, Sequence
 
 from ffai import media, models, registry
-from ffai.engine import DecodingOptions, DescribeRequest, Engine, RuntimeOptions, StageSpec
+from ffai.engine import Answer, DecodingOptions, DescribeRequest, Engine, RuntimeOptions, StageSpec
 from ffai.errors import UsageError
-from ffai.pipeline import Coordinator, PipelineConfig, ProcessConfig, StageConfig
+from ffai.pipeline import Coordinator, PipelineConfig, PipelineError, ProcessConfig, StageConfig
 from ffai.tracks import Cue
 from ffai.windows import check_window, make_windows
+
+PLACEMENTS = ("auto", "inline", "workers")
 
 
 @dataclass(frozen=True)
@@ -35,13 +38,15 @@ class CaptionOptions:
     decoding: DecodingOptions = field(default_factory=DecodingOptions)
     runtime: RuntimeOptions = field(default_factory=RuntimeOptions)
     max_in_flight: int = 2
-    workers: bool | None = None  # None: worker processes for video unless shares_one_process
+    placement: str = "auto"  # one of PLACEMENTS; see placement()
 
     def __post_init__(self) -> None:
         if self.max_in_flight < 1:
             raise UsageError("--max-in-flight must be at least 1")
         media.check_sampling(self.fps, self.start, self.duration, self.max_frames)
         check_window(self.window)
+        if self.placement not in PLACEMENTS:
+            raise UsageError(f"--placement must be one of {', '.join(PLACEMENTS)}, got {self.placement!r}")
 
 
 @dataclass
@@ -60,22 +65,29 @@ def available_cores() -> int:
 
 
 # At or below this many cores every stage shares one process and the stages take turns, each
-# with all the cores. Measured with `ffai bench vlm` on 2 cores: vision is most of the work, so
-# two 1-thread processes side by side leave the text process idle much of the time, while one
-# process holds one torch runtime and one set of weights instead of two (README, Speed).
+# with all the cores: vision is most of the work, so two 1-thread processes side by side leave
+# the text process idle much of the time, while one process holds one torch runtime and one set
+# of weights instead of two (README, "How it works" and the measured bench).
 SHARED_PROCESS_MAX_CORES = 2
 SHARED_PROCESS = "engine"
 
 
-def shares_one_process(cores: int) -> bool:
-    return cores <= SHARED_PROCESS_MAX_CORES
+def placement(choice: str, *, cores: int, video: bool) -> str:
+    """Where a run's stages go: ``"inline"`` (threads of this process) or ``"workers"`` (spawned
+    worker processes). ``"auto"`` gives workers only to a run with video on more than
+    ``SHARED_PROCESS_MAX_CORES`` cores, where decoding the next window overlaps the stages; a
+    run of stills has nothing to overlap, and on fewer cores one process is all the stages get."""
+    if choice != "auto":
+        return choice
+    return "workers" if video and cores > SHARED_PROCESS_MAX_CORES else "inline"
 
 
 def pipeline_config(stages: Sequence[StageSpec], model_dir: Path, runtime: RuntimeOptions, cores: int) -> PipelineConfig:
     """The engine's stages as a linear pipeline. On many cores each of the engine's processes
     gets its share of them, so that stages running side by side do not oversubscribe the
-    machine; on few cores (``shares_one_process``) all stages share one process, serially."""
-    shared = shares_one_process(cores)
+    machine; on ``SHARED_PROCESS_MAX_CORES`` or fewer all stages share one process and take
+    turns, each with all the threads."""
+    shared = cores <= SHARED_PROCESS_MAX_CORES
     processes = [SHARED_PROCESS] if shared else list(dict.fromkeys(spec.process for spec in stages))
     threads = runtime.threads or max(1, cores // len(processes))
     configs = []
@@ -98,21 +110,19 @@ def pipeline_config(stages: Sequence[StageSpec], model_dir: Path, runtime: Runti
 class Captioner:
     """A resolved engine and model folder, and the pipeline that runs it.
 
-    The pipeline starts on first use (workers load the weights then) and serves every input
-    of the run; ``close()`` (or leaving the ``with`` block) stops the workers. ``inline=True``
-    runs the same stages as threads in this process: what a lone still needs, and what every
-    run gets on few cores (``shares_one_process``), where one process is all the stages get.
-    ``inline=False`` asks for worker processes whatever the cores; ``options.workers`` decides
-    when it is set. ``cores`` (default: those this process may run on) is what placement and
+    Building one checks the cheap things (engine, model folder, window size against the
+    context) and plans the pipeline (``config``: stages, processes, threads). ``start()`` (or
+    entering the ``with`` block) starts it, and its stages load the weights; ``close()`` (or
+    leaving the block) stops it. One captioner serves every input of a run. Its stages run
+    where ``placement(options.placement, ...)`` says: ``video=False`` tells it the run holds
+    stills only; ``cores`` (default: those this process may run on) is what placement and
     thread counts are planned for.
     """
 
-    def __init__(self, options: CaptionOptions, *, inline: bool | None = None, cores: int | None = None) -> None:
+    def __init__(self, options: CaptionOptions, *, video: bool = True, cores: int | None = None) -> None:
         self.options = options
         self.cores = cores or available_cores()
-        if options.workers is not None:
-            inline = not options.workers
-        self.inline = shares_one_process(self.cores) if inline is None else inline
+        self.placement = placement(options.placement, cores=self.cores, video=video)
         self.engine: Engine = registry.get_engine(options.engine)
         self.notice: str | None = None
         if options.model:
@@ -121,10 +131,18 @@ class Captioner:
             self.model_name, self.notice = models.default_model(self.engine.info.name, self.engine.info.default_model)
         self.model_dir: Path = models.resolve(self.model_name)
         self.engine.check_window(self.model_dir, options.window, options.decoding, split=False)
+        self.config = pipeline_config(self.engine.stages(), self.model_dir, options.runtime, self.cores)
         self._pipe: Coordinator | None = None
 
-    def __enter__(self) -> "Captioner":
+    def start(self) -> "Captioner":
+        """Start the pipeline (its stages load the weights); a no-op while it runs."""
+        if self._pipe is None:
+            pipe = Coordinator(self.config, placement=self.placement, max_in_flight=self.options.max_in_flight)
+            self._pipe = pipe.start()
         return self
+
+    def __enter__(self) -> "Captioner":
+        return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.close()
@@ -134,20 +152,28 @@ class Captioner:
             self._pipe.close()
             self._pipe = None
 
-    @property
-    def pipe(self) -> Coordinator:
+    def _running(self) -> Coordinator:
         if self._pipe is None:
-            config = pipeline_config(self.engine.stages(), self.model_dir, self.options.runtime, self.cores)
-            self._pipe = Coordinator(config, inline=self.inline, max_in_flight=self.options.max_in_flight).start()
+            raise PipelineError("the captioner is not started: call start() or use it in a with block")
         return self._pipe
 
+    def answers(self, requests: Iterable[tuple[Hashable, DescribeRequest]]) -> Iterator[tuple[Hashable, Answer]]:
+        """``(request_id, Answer)`` for each request as it finishes: the answer's text and the
+        token ids behind it. Requests are drawn lazily, at most ``options.max_in_flight`` in
+        flight; for callers that bring their own images (the bench)."""
+        for future in self._running().as_completed(requests):
+            yield future.request_id, future.result()
+
     def captions(self, info: media.MediaInfo, progress: Progress | None = None) -> Iterator[Cue]:
-        """Cues for one probed input, in timeline order. A still gives one cue at 0."""
+        """Cues for one probed input, in timeline order, each with its answer's token ids.
+        A still gives one cue at 0."""
         progress = progress or Progress()
         if info.kind == "image":
             request = DescribeRequest((media.load_image(info.path),), self.options.decoding, split=True)
-            text = self.pipe.submit("still", request).result().text.strip()
-            yield _emit(Cue(index=1, start_ms=0, end_ms=0, frame_times_ms=(0,), text=text), progress)
+            answer = self._running().submit("still", request).result()
+            text = answer.text.strip()
+            cue = Cue(index=1, start_ms=0, end_ms=0, frame_times_ms=(0,), text=text, token_ids=answer.token_ids)
+            yield _emit(cue, progress)
             return
         yield from self._video_cues(info, progress)
 
@@ -155,7 +181,7 @@ class Captioner:
         # Windows are submitted as they are decoded, at most max_in_flight at once; they may
         # finish out of order, so finished cues wait in a small buffer for their turn.
         timing: dict[int, Cue] = {}
-        finished: dict[int, str] = {}
+        finished: dict[int, Answer] = {}
         next_index = 0
 
         def requests() -> Iterator[tuple[int, DescribeRequest]]:
@@ -165,10 +191,12 @@ class Captioner:
                 images = tuple(frame.image for frame in window.frames)
                 yield window.index, DescribeRequest(images, self.options.decoding, split=False)
 
-        for future in self.pipe.as_completed(requests()):
-            finished[future.request_id] = future.result().text.strip()
+        for request_id, answer in self.answers(requests()):
+            finished[request_id] = answer
             while next_index in finished:
-                cue = dataclasses.replace(timing.pop(next_index), text=finished.pop(next_index))
+                answer = finished.pop(next_index)
+                text = answer.text.strip()
+                cue = dataclasses.replace(timing.pop(next_index), text=text, token_ids=answer.token_ids)
                 next_index += 1
                 yield _emit(cue, progress)
 
@@ -189,12 +217,14 @@ def _emit(cue: Cue, progress: Progress) -> Cue:
 def caption(inputs: str | Path | Iterable[str | Path], options: CaptionOptions | None = None) -> Iterator[Cue]:
     """Caption one or more images or videos; yields each input's cues in timeline order.
 
-    Cue texts are the model's answers with surrounding whitespace stripped.
+    Cue texts are the model's answers with surrounding whitespace stripped; ``cue.token_ids``
+    are the tokens behind each. Every input is probed before the model loads.
 
     >>> for cue in caption("clip.mp4", CaptionOptions(fps=2, window=8)):
     ...     print(cue.start_ms, cue.text)
     """
     paths = [inputs] if isinstance(inputs, (str, Path)) else list(inputs)
-    with Captioner(options or CaptionOptions()) as captioner:
-        for path in paths:
-            yield from captioner.captions(media.probe(path))
+    infos = [media.probe(path) for path in paths]
+    with Captioner(options or CaptionOptions(), video=any(info.kind == "video" for info in infos)) as captioner:
+        for info in infos:
+            yield from captioner.captions(info)

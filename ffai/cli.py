@@ -10,7 +10,7 @@ import json
 import sys
 import traceback
 from dataclasses import asdict
-from typing import List, Optional
+from typing import Annotated, List, Optional
 
 import typer
 from rich.console import Console
@@ -37,6 +37,13 @@ class _State:
     quiet = False
 
 
+# Options that more than one command (or the app and a command) take, declared once.
+Verbose = Annotated[bool, typer.Option("-v", "--verbose", help="Show tracebacks and more detail.")]
+Quiet = Annotated[bool, typer.Option("-q", "--quiet", help="Only errors on stderr.")]
+AsJson = Annotated[bool, typer.Option("--json", help="Print a JSON array instead of a table.")]
+ModelName = Annotated[str, typer.Argument(help="Model name (see `ffai models list`).")]
+
+
 def _version(value: bool) -> None:
     if value:
         from importlib.metadata import version
@@ -47,9 +54,9 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _main(
-    verbose: bool = typer.Option(False, "-v", "--verbose", help="Show tracebacks and more detail."),
-    quiet: bool = typer.Option(False, "-q", "--quiet", help="Only errors on stderr."),
-    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
+    verbose: Verbose = False,
+    quiet: Quiet = False,
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")] = False,
 ) -> None:
     _State.verbose = verbose
     _State.quiet = quiet
@@ -65,7 +72,7 @@ def error(message: str) -> None:
 
 
 @app.command()
-def engines(as_json: bool = typer.Option(False, "--json", help="Print a JSON array instead of a table.")) -> None:
+def engines(as_json: AsJson = False) -> None:
     """List the engines that can run, by name."""
     from ffai import registry
 
@@ -90,15 +97,15 @@ app.add_typer(models_app, name="models")
 
 
 def _human_size(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
+    for unit in ("B", "KB", "MB"):
+        if n < 1000:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000
-    return str(n)
+    return f"{n:.1f} GB"
 
 
 @models_app.command("list")
-def models_list(as_json: bool = typer.Option(False, "--json", help="Print a JSON array instead of a table.")) -> None:
+def models_list(as_json: AsJson = False) -> None:
     """Known models: engine, licence, size and where each was found."""
     from ffai import models
 
@@ -131,9 +138,10 @@ def _manifest(name: str):
 
 
 @models_app.command("pull")
-def models_pull(name: str = typer.Argument(..., help="Model name (see `ffai models list`).")) -> None:
+def models_pull(name: ModelName) -> None:
     """Download a model into the Hugging Face cache, resuming and verifying sha256."""
-    from rich.progress import BarColumn, DownloadColumn, Progress as RichProgress, TextColumn, TransferSpeedColumn
+    from rich.progress import BarColumn, DownloadColumn, TextColumn, TransferSpeedColumn
+    from rich.progress import Progress as RichProgress
 
     from ffai import hub
 
@@ -155,7 +163,7 @@ def models_pull(name: str = typer.Argument(..., help="Model name (see `ffai mode
 
 
 @models_app.command("verify")
-def models_verify(name: str = typer.Argument(..., help="Model name (see `ffai models list`).")) -> None:
+def models_verify(name: ModelName) -> None:
     """Re-hash a model's files on disk against its manifest."""
     from ffai import hub
 
@@ -169,35 +177,32 @@ def models_verify(name: str = typer.Argument(..., help="Model name (see `ffai mo
 
 @app.command()
 def caption(
-    inputs: List[str] = typer.Option(..., "-i", "--input", help="Image or video (repeatable)."),
-    output: Optional[str] = typer.Option(None, "-o", "--output", help="Track file, '-' for stdout; with several inputs a pattern such as '{stem}.srt'."),
-    fmt: Optional[str] = typer.Option(None, "-f", "--format", help="srt, vtt, json, jsonl or txt (default: from -o, else txt)."),
-    fps: float = typer.Option(1.0, "--fps", help="Frames sampled per second of video."),
-    window: int = typer.Option(8, "--window", help="Consecutive samples captioned together as one cue."),
-    start: float = typer.Option(0.0, "-ss", help="Start at this many seconds."),
-    duration: Optional[float] = typer.Option(None, "-t", help="Caption this many seconds."),
-    max_frames: Optional[int] = typer.Option(None, "--max-frames", help="Stop after this many samples."),
-    engine: Optional[str] = typer.Option(None, "--engine", help="Engine name (see `ffai engines`)."),
-    model: Optional[str] = typer.Option(None, "--model", help="Model name or checkpoint folder."),
-    prompt: Optional[str] = typer.Option(None, "--prompt", help="Question to ask instead of a caption."),
-    max_new_tokens: int = typer.Option(64, "--max-new-tokens", help="Longest answer, in tokens."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Seed; required for sampling."),
-    temperature: float = typer.Option(0.0, "--temperature", help="Sampling temperature (0: greedy)."),
-    top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass."),
-    top_k: int = typer.Option(0, "--top-k", help="Sample among the k most likely tokens (0: all)."),
-    dtype: str = typer.Option("float32", "--dtype", help="float32 or bfloat16."),
-    device: str = typer.Option("auto", "--device", help="cpu, cuda or auto."),
-    threads: Optional[int] = typer.Option(None, "--threads", help="Torch threads per worker (default: the cores shared out)."),
-    workers: Optional[bool] = typer.Option(
-        None, "--workers/--no-workers",
-        help="Run the model in worker processes, or in this one (default: workers for video on more than 2 cores).",
-    ),
-    max_in_flight: int = typer.Option(2, "--max-in-flight", help="Windows in the pipeline at once."),
-    overwrite: bool = typer.Option(False, "-y", help="Overwrite existing outputs."),
-    never_overwrite: bool = typer.Option(False, "-n", help="Never overwrite existing outputs (the default)."),
-    progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", help="Progress bar on stderr (default: when stderr is a terminal)."),
-    verbose: bool = typer.Option(False, "-v", "--verbose", help="Show tracebacks and more detail."),
-    quiet: bool = typer.Option(False, "-q", "--quiet", help="Only errors on stderr."),
+    inputs: Annotated[List[str], typer.Option("-i", "--input", help="Image or video (repeatable).")],
+    output: Annotated[Optional[str], typer.Option("-o", "--output", help="Track file, '-' for stdout; with several inputs a pattern such as '{stem}.srt'.")] = None,
+    fmt: Annotated[Optional[str], typer.Option("-f", "--format", help="srt, vtt, json, jsonl or txt (default: from -o, else txt).")] = None,
+    fps: Annotated[float, typer.Option("--fps", help="Frames sampled per second of video.")] = 1.0,
+    window: Annotated[int, typer.Option("--window", help="Consecutive samples captioned together as one cue.")] = 8,
+    start: Annotated[float, typer.Option("-ss", help="Start at this many seconds.")] = 0.0,
+    duration: Annotated[Optional[float], typer.Option("-t", help="Caption this many seconds.")] = None,
+    max_frames: Annotated[Optional[int], typer.Option("--max-frames", help="Stop after this many samples.")] = None,
+    engine: Annotated[Optional[str], typer.Option("--engine", help="Engine name (see `ffai engines`).")] = None,
+    model: Annotated[Optional[str], typer.Option("--model", help="Model name or checkpoint folder.")] = None,
+    prompt: Annotated[Optional[str], typer.Option("--prompt", help="Question to ask instead of a caption.")] = None,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Longest answer, in tokens.")] = 64,
+    seed: Annotated[Optional[int], typer.Option("--seed", help="Seed; required for sampling.")] = None,
+    temperature: Annotated[float, typer.Option("--temperature", help="Sampling temperature (0: greedy).")] = 0.0,
+    top_p: Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass.")] = 1.0,
+    top_k: Annotated[int, typer.Option("--top-k", help="Sample among the k most likely tokens (0: all).")] = 0,
+    dtype: Annotated[str, typer.Option("--dtype", help="float32 or bfloat16.")] = "float32",
+    device: Annotated[str, typer.Option("--device", help="cpu, cuda or auto.")] = "auto",
+    threads: Annotated[Optional[int], typer.Option("--threads", help="Torch threads per process running stages (default: the cores shared out).")] = None,
+    placement: Annotated[str, typer.Option("--placement", help="Where the model runs: auto, inline (this process) or workers (worker processes); auto: workers for video on more than 2 cores.")] = "auto",
+    max_in_flight: Annotated[int, typer.Option("--max-in-flight", help="Windows in the pipeline at once.")] = 2,
+    overwrite: Annotated[bool, typer.Option("-y", help="Overwrite existing outputs.")] = False,
+    never_overwrite: Annotated[bool, typer.Option("-n", help="Never overwrite existing outputs (the default).")] = False,
+    progress: Annotated[Optional[bool], typer.Option("--progress/--no-progress", help="Progress bar on stderr (default: when stderr is a terminal).")] = None,
+    verbose: Verbose = False,
+    quiet: Quiet = False,
 ) -> None:
     """Caption images and videos; write timed caption tracks."""
     from ffai import jobs
@@ -226,7 +231,7 @@ def caption(
         ),
         runtime=RuntimeOptions(dtype=dtype, device=device, threads=threads),
         max_in_flight=max_in_flight,
-        workers=workers,
+        placement=placement,
     )
     show_progress = sys.stderr.isatty() if progress is None else progress
     failed = jobs.run_caption_jobs(

@@ -70,14 +70,12 @@ class DecodingOptions:
         if wants_sampling and self.temperature == 0:
             raise UsageError("--top-p/--top-k need --temperature > 0")
 
-    @property
-    def sampling(self) -> bool:
-        return self.temperature > 0
-
 
 @dataclass(frozen=True)
 class RuntimeOptions:
-    """Where and how a model runs. ``threads=None`` leaves torch's thread count alone."""
+    """Where and how a model runs. ``threads`` is torch's thread count in each pipeline process
+    (None: the cores shared out between them, ``ffai.captioning.pipeline_config``); the pipeline
+    sets it, an engine never does."""
 
     dtype: str = "float32"
     device: str = "auto"

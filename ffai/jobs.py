@@ -4,6 +4,7 @@ then caption each input into its own track. A failed input is reported and the o
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -58,7 +59,8 @@ def run_caption_jobs(
     error: Callable[[str], None],
 ) -> int:
     """Caption every input; return how many failed. Raises only for errors that stop the
-    whole run (bad flags, unknown engine or model) — before any input is decoded."""
+    whole run (bad flags, an unknown engine or model, a pipeline that cannot start) — before
+    any input is decoded."""
     jobs = plan_jobs(inputs, output, fmt)
     for job in jobs:
         check_output(job.output, overwrite)
@@ -79,10 +81,7 @@ def run_caption_jobs(
             fail(e)
     if not probed:
         return failed
-    # Stills alone run inline; video gets worker processes where there are cores enough for
-    # decoding and the stages to run side by side (Captioner decides).
-    inline = True if all(info.kind == "image" for _, info in probed) else None
-    with Captioner(options, inline=inline) as captioner:
+    with Captioner(options, video=any(info.kind == "video" for _, info in probed)) as captioner:
         if captioner.notice:
             warn(captioner.notice)
         for job, info in probed:
@@ -125,17 +124,9 @@ def _run_one(
         warn(f"{job.source}: no frames decoded; the track is empty")
 
 
-class _NoProgress:
-    def __enter__(self) -> Progress:
-        return Progress()
-
-    def __exit__(self, *exc) -> None:
-        return None
-
-
 def _progress_bar(enabled: bool, info: media.MediaInfo, options: CaptionOptions):
     if not enabled or info.kind != "video":
-        return _NoProgress()
+        return nullcontext(Progress())
     from ffai.progress import CaptionProgress
 
     return CaptionProgress(info, options)

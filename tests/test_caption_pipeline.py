@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import signal
 import subprocess
 import sys
@@ -10,12 +11,14 @@ import time
 from pathlib import Path
 
 import pytest
+from media_fixtures import make_clip
 
 import ffai
-from ffai.captioning import Captioner, CaptionOptions, pipeline_config
-from ffai.engine import DecodingOptions, RuntimeOptions
+from ffai import media
+from ffai.captioning import Captioner, CaptionOptions, pipeline_config, placement
+from ffai.engine import DecodingOptions, DescribeRequest, RuntimeOptions
 from ffai.errors import UsageError
-from media_fixtures import make_clip
+from ffai.pipeline import PipelineError
 
 
 @pytest.fixture(scope="module")
@@ -30,18 +33,46 @@ def test_library_caption_yields_cues_in_order(tiny_checkpoint, tmp_path):
     assert [c.index for c in cues] == [1, 2, 3, 4, 5]
     assert [c.start_ms for c in cues] == [0, 1000, 2000, 3000, 4000]
     assert all(c.text == c.text.strip() and c.text for c in cues)
+    # Each cue carries the tokens behind its text: they decode to it.
+    from ffai_smolvlm.prompt import PromptBuilder
+
+    prompts = PromptBuilder.from_dir(tiny_checkpoint)
+    assert all(0 < len(c.token_ids) <= 3 and prompts.decode(list(c.token_ids)).strip() == c.text for c in cues)
 
 
-def test_pipeline_and_inline_give_the_same_text(tiny_checkpoint, tmp_path):
+def test_workers_and_inline_give_the_same_cues(tiny_checkpoint, tmp_path):
     clip = make_clip(tmp_path / "c.mp4", 3, fps=10, size=(64, 48))
-    options = CaptionOptions(model=str(tiny_checkpoint), fps=1, window=2, decoding=DecodingOptions(max_new_tokens=4))
-    from ffai import media
+    still = tmp_path / "still.png"
+    from PIL import Image
 
-    texts = {}
-    for inline in (True, False):
-        with Captioner(options, inline=inline) as captioner:
-            texts[inline] = [c.text for c in captioner.captions(media.probe(clip))]
-    assert texts[True] == texts[False]
+    Image.new("RGB", (80, 60), (30, 200, 90)).save(still)
+    cues = {}
+    for where in ("inline", "workers"):
+        options = CaptionOptions(model=str(tiny_checkpoint), fps=1, window=2, decoding=DecodingOptions(max_new_tokens=4),
+                                 placement=where)
+        with Captioner(options) as captioner:
+            assert captioner.placement == where
+            cues[where] = [*captioner.captions(media.probe(clip)), *captioner.captions(media.probe(still))]
+    assert cues["inline"] == cues["workers"]  # texts, times and token ids
+    assert len(cues["inline"]) == 3 and all(c.token_ids for c in cues["inline"])
+
+
+def test_the_pipeline_starts_only_when_asked(tiny_checkpoint):
+    from PIL import Image
+
+    options = CaptionOptions(model=str(tiny_checkpoint), decoding=DecodingOptions(max_new_tokens=2))
+    captioner = Captioner(options, video=False)
+    request = DescribeRequest((Image.new("RGB", (40, 30), (200, 40, 40)),), options.decoding, split=False)
+    with pytest.raises(PipelineError, match="not started"):
+        list(captioner.answers([("a", request)]))
+    try:
+        assert captioner.start() is captioner and captioner.start() is captioner  # again: a no-op
+        [(request_id, answer)] = captioner.answers([("a", request)])
+        assert request_id == "a" and 0 < len(answer.token_ids) <= 2
+    finally:
+        captioner.close()
+    with pytest.raises(PipelineError, match="not started"):
+        list(captioner.answers([("a", request)]))
 
 
 def test_threads_are_shared_out_between_workers():
@@ -60,16 +91,29 @@ def test_threads_are_shared_out_between_workers():
     assert {s.process for s in config.stages} == {"engine"}
 
 
-@pytest.mark.parametrize(("workers", "cores", "inline"), [(None, 2, True), (None, 4, False), (True, 2, False), (False, 4, True)])
-def test_placement_follows_cores_unless_asked(monkeypatch, tiny_checkpoint, workers, cores, inline):
+@pytest.mark.parametrize(
+    ("choice", "cores", "video", "where"),
+    [("auto", 1, True, "inline"), ("auto", 2, True, "inline"), ("auto", 3, True, "workers"), ("auto", 16, False, "inline"),
+     ("workers", 2, False, "workers"), ("inline", 16, True, "inline")],
+)
+def test_placement_follows_cores_and_inputs_unless_asked(monkeypatch, tiny_checkpoint, choice, cores, video, where):
+    assert placement(choice, cores=cores, video=video) == where
     monkeypatch.setattr("ffai.captioning.available_cores", lambda: cores)
-    options = CaptionOptions(model=str(tiny_checkpoint), workers=workers)
-    assert Captioner(options).inline is inline
+    assert Captioner(CaptionOptions(model=str(tiny_checkpoint), placement=choice), video=video).placement == where
 
 
-def test_max_in_flight_is_validated():
-    with pytest.raises(UsageError, match="--max-in-flight"):
-        CaptionOptions(max_in_flight=0)
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [({"max_in_flight": 0}, "--max-in-flight must be at least 1"), ({"fps": 0}, "--fps must be a number > 0, got 0"),
+     ({"fps": math.nan}, "--fps must be a number > 0, got nan"), ({"window": 0}, "--window must be at least 1, got 0"),
+     ({"start": -1}, "-ss must be a number of seconds >= 0, got -1"), ({"duration": 0}, "-t must be a number of seconds > 0, got 0"),
+     ({"max_frames": 0}, "--max-frames must be at least 1, got 0"),
+     ({"placement": "gpu"}, "--placement must be one of auto, inline, workers, got 'gpu'")],
+)
+def test_options_are_validated_by_the_cli_rules(kwargs, message):
+    with pytest.raises(UsageError) as caught:
+        CaptionOptions(**kwargs)
+    assert str(caught.value) == message
 
 
 def _descendants(pid: int) -> set[int]:
@@ -102,12 +146,12 @@ def _sigint_as_in_a_terminal() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("placement", ["--workers", "--no-workers"])
-def test_sigint_exits_130_keeps_finished_cues_and_leaves_no_worker(tiny_checkpoint, long_clip, tmp_path, placement):
+@pytest.mark.parametrize("where", ["workers", "inline"])
+def test_sigint_exits_130_keeps_finished_cues_and_leaves_no_worker(tiny_checkpoint, long_clip, tmp_path, where):
     out = tmp_path / "long.jsonl"
     proc = subprocess.Popen(
         [sys.executable, "-m", "ffai", "caption", "-i", str(long_clip), "--model", str(tiny_checkpoint),
-         "--fps", "2", "--window", "1", "--max-new-tokens", "4", placement, "-o", str(out)],
+         "--fps", "2", "--window", "1", "--max-new-tokens", "4", "--placement", where, "-o", str(out)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_sigint_as_in_a_terminal,
     )
     deadline = time.monotonic() + 120
@@ -115,7 +159,7 @@ def test_sigint_exits_130_keeps_finished_cues_and_leaves_no_worker(tiny_checkpoi
         assert proc.poll() is None, proc.communicate()
         time.sleep(0.1)
     workers = _descendants(proc.pid)
-    assert bool(workers) == (placement == "--workers"), workers
+    assert bool(workers) == (where == "workers"), workers
     proc.send_signal(signal.SIGINT)
     start = time.monotonic()
     _, err = proc.communicate(timeout=30)

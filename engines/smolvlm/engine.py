@@ -109,8 +109,8 @@ def _load_weights(model_dir: Path, runtime: RuntimeOptions, parts: tuple[str, ..
 
     from ffai_smolvlm.weights import load_model
 
-    if runtime.threads is not None:
-        torch.set_num_threads(runtime.threads)
+    # Thread counts are the pipeline's (ffai.pipeline.worker.set_threads), set per process before
+    # any stage is built.
     return load_model(model_dir, dtype=getattr(torch, runtime.dtype), device=_torch_device(runtime.device), parts=parts)
 
 

@@ -6,10 +6,10 @@ prints one JSON object on stdout. In that process: load the model (untimed), ans
 first item once (warm-up, untimed), then run the whole case once, timed. The parent measures the
 process tree's peak RSS, so each arm's footprint is its own.
 
-- ``ffai``: the engine through the pipeline, placed as ``ffai caption`` places it (a ``Captioner``
-  whose coordinator is watched to keep every Answer's tokens). The ``clip`` case is the whole
-  caption path: probe, decode, sample, window, pipeline, cues in order. This arm never imports
-  transformers, and reports whether anything did.
+- ``ffai``: the engine through the pipeline, placed and threaded as ``ffai caption`` places a
+  video's stages (a ``Captioner``; its ``answers`` and its cues carry the token ids). The
+  ``clip`` case is the whole caption path: probe, decode, sample, window, pipeline, cues in
+  order. This arm never imports transformers, and reports whether anything did.
 - ``reference``: transformers' Idefics3ForConditionalGeneration (float32, always) with its PIL
   processor, asked the same question ffai asks; ``clip`` decodes the same windows with
   ``ffai.media.sample_frames`` and calls processor + generate per window.
@@ -25,87 +25,49 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Iterable
 
 from ffai.bench import cases
 from ffai.bench.cases import Item, QualityItem
 from ffai.captioning import Captioner, CaptionOptions, available_cores
 from ffai.engine import DecodingOptions, DescribeRequest, RuntimeOptions
-from ffai.errors import EngineError, FfaiError, ModelError
+from ffai.errors import FfaiError, ModelError
 
 ARMS = ("ffai", "reference")
 QUALITY = "quality"  # the case name of the quality run
-
-
-class _Recorder:
-    """A coordinator passed through unchanged, except that each finished Answer is kept by id."""
-
-    def __init__(self, pipe, answers: dict) -> None:
-        self.pipe, self.answers = pipe, answers
-
-    def submit(self, request_id, payload, **kwargs):
-        future = self.pipe.submit(request_id, payload, **kwargs)
-        future.add_done_callback(self._keep)
-        return future
-
-    def _keep(self, future) -> None:
-        if future.exception() is None:
-            self.answers[future.request_id] = future.result()
-
-    def as_completed(self, requests: Iterable):
-        for future in self.pipe.as_completed(requests):
-            self._keep(future)
-            yield future
-
-
-class _RecordingCaptioner(Captioner):
-    """The caption path untouched; its coordinator is wrapped so the bench sees token ids."""
-
-    def __init__(self, options: CaptionOptions, cores: int) -> None:
-        super().__init__(options, cores=cores)  # placed as `ffai caption` places a video's stages
-        self.answers: dict = {}
-
-    @property
-    def pipe(self):
-        return _Recorder(super().pipe, self.answers)
 
 
 class FfaiArm:
     name = "ffai"
 
     def __init__(self, model_dir: Path, dtype: str, cores: int) -> None:
-        # Threads and processes as `ffai caption` chooses them for this machine's cores.
+        # Placement and threads as `ffai caption` chooses them for a video run on these cores;
+        # the pipeline sets the thread counts, as it does for `ffai caption`.
         runtime = RuntimeOptions(dtype=dtype, device="cpu")
         options = CaptionOptions(model=str(model_dir), fps=cases.CLIP_FPS, window=cases.CLIP_WINDOW,
                                  decoding=cases.decoding(), runtime=runtime)
-        self.captioner = _RecordingCaptioner(options, cores)
+        self.captioner = Captioner(options, video=True, cores=cores)
 
     def load(self) -> None:
-        self.captioner.pipe  # starts the pipeline; its stages load the weights before ready
+        self.captioner.start()  # its stages load the weights before they report ready
 
     def answer(self, item: Item | QualityItem, options: DecodingOptions) -> tuple[list[int], str]:
-        answer = self.captioner.pipe.submit(item.id, DescribeRequest(item.images, options, item.split)).result()
+        [(_, answer)] = self.captioner.answers([(item.id, DescribeRequest(item.images, options, item.split))])
         return list(answer.token_ids), answer.text
 
     def answer_all(self, items: list, options: list[DecodingOptions]) -> dict[str, tuple[list[int], str]]:
         """Many requests in flight at once, as the caption path keeps its pipeline busy."""
         requests = ((it.id, DescribeRequest(it.images, o, it.split)) for it, o in zip(items, options))
-        return {f.request_id: (list(f.result().token_ids), f.result().text) for f in self.captioner.pipe.as_completed(requests)}
+        return {request_id: (list(a.token_ids), a.text) for request_id, a in self.captioner.answers(requests)}
 
     def clip(self, path: Path) -> dict[str, list[int]]:
         from ffai import media
 
-        self.captioner.answers.clear()
-        cues = list(self.captioner.captions(media.probe(path)))
-        answers = self.captioner.answers
-        if len(answers) != len(cues):
-            raise EngineError(f"{path}: {len(cues)} cues but {len(answers)} answers recorded")
-        return {str(k): list(answers[k].token_ids) for k in sorted(answers)}
+        # Keyed as the reference arm keys its windows (cases.clip_items): 0-based window index.
+        return {str(cue.index - 1): list(cue.token_ids) for cue in self.captioner.captions(media.probe(path))}
 
     def info(self) -> dict:
-        processes = self.captioner.pipe.pipe.config.processes
         return {
-            "torch_threads": {p.name: p.threads for p in processes},
+            "torch_threads": {p.name: p.threads for p in self.captioner.config.processes},
             # ffai's own process must stay free of transformers (checked after the run).
             "transformers_imported": "transformers" in sys.modules,
         }
@@ -137,7 +99,6 @@ class ReferenceArm:
 
     def answer(self, item: Item | QualityItem, options: DecodingOptions) -> tuple[list[int], str]:
         import torch
-
         from ffai_smolvlm.engine import prompt_text
 
         n = len(item.images)

@@ -8,7 +8,7 @@ own, named after the stage.
 Callables that must cross into spawned worker processes (``factory``, ``route_fn``,
 ``merge_fn``, the values of ``project_payload``, ``init``) are given as ``"module:attr"``
 strings or as importable top-level functions; a lambda or closure is refused at start for
-the process placement (it cannot be pickled) and accepted inline.
+the ``"workers"`` placement (it cannot be pickled) and accepted inline.
 
 A stage's ``factory(*args, **kwargs)`` runs inside its worker and returns either a
 :class:`~ffai.pipeline.scheduler.Scheduler` or a plain callable. A callable becomes
@@ -36,6 +36,7 @@ from typing import Any, Callable
 
 from ffai.pipeline.errors import ConfigError
 from ffai.pipeline.messages import CALLER
+
 
 def resolve(ref: str | Callable[..., Any]) -> Callable[..., Any]:
     """A callable from a ``"module:attr"`` string (dotted attr allowed), or ``ref`` itself."""
@@ -113,7 +114,7 @@ class PipelineConfig:
     def stage(self, name: str) -> StageConfig:
         return next(s for s in self.stages if s.name == name)
 
-    def placement(self) -> dict[str, list[str]]:
+    def process_groups(self) -> dict[str, list[str]]:
         """Process name -> the names of its stages, in config order."""
         groups: dict[str, list[str]] = {}
         for s in self.stages:
@@ -204,7 +205,7 @@ def _check_fan_in(config: PipelineConfig) -> None:
 
 
 def _check_processes(config: PipelineConfig) -> None:
-    groups = config.placement()
+    groups = config.process_groups()
     for p in config.processes:
         if p.name not in groups:
             raise ConfigError(f"process {p.name!r} has no stages")

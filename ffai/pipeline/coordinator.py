@@ -2,7 +2,7 @@
 
 ::
 
-    with Coordinator(config, max_in_flight=4) as pipe:       # inline=True: threads, no processes
+    with Coordinator(config, max_in_flight=4) as pipe:       # placement="inline": threads, no processes
         future = pipe.submit("img-1", payload)                # blocks while 4 are in flight
         caption = future.result()                             # or raises StageError
         stream = pipe.stream("img-2", payload)
@@ -24,6 +24,9 @@
 - A worker that dies fails every pending request within a second or so with
   :class:`WorkerDied`; later ``submit`` calls raise it. ``close()`` always stops the
   workers (use the coordinator as a context manager).
+- ``placement`` is where the stages run: ``"workers"`` (spawned worker processes, grouped
+  by ``process``) or ``"inline"`` (threads of this process). Choosing one for a caption run
+  is ``ffai.captioning.placement``'s job; the coordinator only carries it out.
 
 Request ids are the caller's (any hashable value, unique among requests in flight); on
 the wire each request gets a fresh integer, so an id may be reused after it finished.
@@ -32,8 +35,8 @@ the wire each request gets a fresh integer, so an id may be reused after it fini
 from __future__ import annotations
 
 import itertools
-import queue
 import logging
+import queue
 import threading
 from concurrent.futures import Future
 from typing import Any, Hashable, Iterable, Iterator
@@ -46,6 +49,7 @@ from ffai.pipeline.runner import InlineRunner, ProcessRunner
 log = logging.getLogger(__name__)
 
 _MONITOR_POLL_S = 0.2
+PLACEMENTS = ("inline", "workers")
 _DONE = object()  # ends a stream's chunk queue, or an iterator
 
 
@@ -77,10 +81,6 @@ class RequestStream:
         self._coordinator = coordinator
         self._request = request
         self._ended = False
-
-    @property
-    def request_id(self) -> Hashable:
-        return self._request.request_id
 
     @property
     def future(self) -> RequestFuture:
@@ -127,13 +127,16 @@ class Coordinator:
         self,
         config: PipelineConfig,
         *,
-        inline: bool = False,
+        placement: str = "workers",
         max_in_flight: int = 4,
         start_timeout: float = 60.0,
         stop_timeout: float = 5.0,
     ) -> None:
         if max_in_flight < 1:
             raise PipelineError("max_in_flight must be at least 1")
+        if placement not in PLACEMENTS:
+            raise PipelineError(f"placement must be one of {', '.join(PLACEMENTS)}, got {placement!r}")
+        inline = placement == "inline"
         config.validate(crossing_processes=not inline)
         self.config = config
         self.max_in_flight = max_in_flight

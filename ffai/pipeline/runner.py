@@ -48,7 +48,7 @@ class ProcessRunner:
         self.config = config
         self.start_timeout = start_timeout
         self.stop_timeout = stop_timeout
-        self._groups = config.placement()
+        self._groups = config.process_groups()
         self._where = {stage: w for w, stages in self._groups.items() for stage in stages}
         self._procs: dict[str, Any] = {}
         self._inboxes: dict[str, Channel] = {}

@@ -190,11 +190,11 @@ def worker_main(
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     channels = {w: Channel(q) for w, q in inboxes.items()}
     out = Channel(results)
-    where = {stage: w for w, stages in config.placement().items() for stage in stages}
+    where = {stage: w for w, stages in config.process_groups().items() for stage in stages}
     host = WorkerHost(
         name,
         config,
-        config.placement()[name],
+        config.process_groups()[name],
         send=lambda target, msg: channels[where[target]].put((target, msg)),
         to_caller=out.put,
         serial=config.process_config(name).serial,

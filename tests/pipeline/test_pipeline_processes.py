@@ -36,9 +36,9 @@ def _zeroed(pipe: Coordinator) -> bool:
     return all(v == 0 for counts in pipe.pending_state().values() for v in counts.values())
 
 
-@pytest.mark.parametrize("inline", [False, True], ids=["processes", "inline"])
-def test_split_join_projects_per_branch_and_keeps_requests_apart(inline, shm_clean, no_orphans) -> None:
-    with Coordinator(toy.split_join_config(), inline=inline) as pipe:
+@pytest.mark.parametrize("placement", ["workers", "inline"])
+def test_split_join_projects_per_branch_and_keeps_requests_apart(placement, shm_clean, no_orphans) -> None:
+    with Coordinator(toy.split_join_config(), placement=placement) as pipe:
         no_orphans.extend(pipe.worker_pids().values())
         # "a" finishes its count branch first, "b" its upper branch first.
         a = pipe.submit("a", {"text": "one two three", "delays": {"upper": 0.4}})
@@ -51,7 +51,7 @@ def test_split_join_projects_per_branch_and_keeps_requests_apart(inline, shm_cle
     assert ra["count"]["seen"] == rb["count"]["seen"] == ["delay", "words"]
     # Parts are keyed by source, not arrival order.
     assert ra["order"] == rb["order"] == ["upper", "count"]
-    if inline:
+    if placement == "inline":
         assert ra["upper"]["pid"] == ra["count"]["pid"] == os.getpid()
     else:
         assert len({ra["upper"]["pid"], ra["count"]["pid"], os.getpid()}) == 3
@@ -83,9 +83,9 @@ def test_batching_window(when_idle, tmp_path, no_orphans) -> None:
             futures["bad"].result(RESULT_TIMEOUT)
 
 
-@pytest.mark.parametrize("inline", [False, True], ids=["processes", "inline"])
-def test_streaming_producer_to_consumer(inline, no_orphans) -> None:
-    with Coordinator(toy.stream_config(), inline=inline) as pipe:
+@pytest.mark.parametrize("placement", ["workers", "inline"])
+def test_streaming_producer_to_consumer(placement, no_orphans) -> None:
+    with Coordinator(toy.stream_config(), placement=placement) as pipe:
         no_orphans.extend(pipe.worker_pids().values())
         first = pipe.stream("s1", {"tag": "a", "n": 5, "gap": 0.12})
         second = pipe.stream("s2", {"tag": "b", "n": 3, "gap": 0.05})
@@ -272,10 +272,10 @@ def test_a_worker_ffai_error_travels_as_itself(shm_clean, no_orphans) -> None:
     no_orphans.extend(pipe.worker_pids().values())
 
 
-@pytest.mark.parametrize("inline", [False, True], ids=["processes", "inline"])
+@pytest.mark.parametrize("placement", ["workers", "inline"])
 @pytest.mark.parametrize("serial", [True, False], ids=["serial", "side-by-side"])
-def test_a_serial_process_runs_one_stage_at_a_time(inline, serial, no_orphans) -> None:
-    with Coordinator(toy.turns_config(serial), inline=inline, max_in_flight=4) as pipe:
+def test_a_serial_process_runs_one_stage_at_a_time(placement, serial, no_orphans) -> None:
+    with Coordinator(toy.turns_config(serial), placement=placement, max_in_flight=4) as pipe:
         no_orphans.extend(pipe.worker_pids().values())
         futures = [pipe.submit(i, {"ran": []}) for i in range(4)]
         runs = sorted(run for f in futures for run in f.result(RESULT_TIMEOUT)["ran"])

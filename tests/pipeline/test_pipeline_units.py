@@ -88,7 +88,7 @@ def test_lambdas_are_refused_across_processes_but_fine_inline() -> None:
     )
     with pytest.raises(ConfigError, match="cannot be sent to a worker process"):
         Coordinator(config)
-    with Coordinator(config, inline=True) as pipe:
+    with Coordinator(config, placement="inline") as pipe:
         assert pipe.submit(1, "x").result(5) == "x"
 
 
@@ -214,7 +214,7 @@ def test_route_fn_chooses_among_next_only() -> None:
             StageConfig("right", toy.ref("tagger"), args=("right",), terminal=True),
         ]
     )
-    with Coordinator(config, inline=True) as pipe:
+    with Coordinator(config, placement="inline") as pipe:
         assert pipe.submit(1, {"to": "left"}).result(5) == ("left", {"to": "left"})
         assert pipe.submit(2, {"to": "right"}).result(5) == ("right", {"to": "right"})
         with pytest.raises(StageError, match="must choose among next") as caught:
@@ -224,7 +224,7 @@ def test_route_fn_chooses_among_next_only() -> None:
 
 def test_submit_blocks_while_max_in_flight_are_in_flight() -> None:
     config = PipelineConfig([StageConfig("slow", F, args=("sleeper",), terminal=True)])
-    with Coordinator(config, inline=True, max_in_flight=2) as pipe:
+    with Coordinator(config, placement="inline", max_in_flight=2) as pipe:
         first = pipe.submit("a", {"sleep": 0.5})
         pipe.submit("b", {"sleep": 0.5})
         assert pipe.in_flight == 2
@@ -248,7 +248,7 @@ def test_as_completed_is_lazy_and_yields_in_completion_order() -> None:
             pulled.append(rid)
             yield rid, {"sleep": sleep}
 
-    with Coordinator(config, inline=True, max_in_flight=3) as pipe:
+    with Coordinator(config, placement="inline", max_in_flight=3) as pipe:
         order = []
         for future in pipe.as_completed(requests()):
             if not order:
@@ -259,7 +259,7 @@ def test_as_completed_is_lazy_and_yields_in_completion_order() -> None:
 
 def test_abort_fails_the_request_and_the_id_can_be_reused() -> None:
     config = PipelineConfig([StageConfig("slow", F, args=("sleeper",), terminal=True)])
-    with Coordinator(config, inline=True) as pipe:
+    with Coordinator(config, placement="inline") as pipe:
         future = pipe.submit("r", {"sleep": 0.3})
         assert pipe.abort("r") and not pipe.abort("r")
         with pytest.raises(RequestAborted):
@@ -271,7 +271,7 @@ def test_abort_fails_the_request_and_the_id_can_be_reused() -> None:
 def test_inline_factory_failure_raises_with_traceback() -> None:
     config = PipelineConfig([StageConfig("bad", toy.ref("broken_factory"), terminal=True)])
     with pytest.raises(PipelineStartError, match="no weights here") as caught:
-        Coordinator(config, inline=True).start()
+        Coordinator(config, placement="inline").start()
     assert "Traceback" in str(caught.value)
 
 
@@ -280,5 +280,11 @@ def test_a_factory_ffai_error_travels_as_itself() -> None:
 
     config = PipelineConfig([StageConfig("bad", toy.ref("model_error_factory"), terminal=True)])
     with pytest.raises(ModelError) as caught:
-        Coordinator(config, inline=True).start()
+        Coordinator(config, placement="inline").start()
     assert str(caught.value) == "/m/model.safetensors: truncated"
+
+
+def test_an_unknown_placement_is_refused_before_anything_starts() -> None:
+    config = PipelineConfig([StageConfig("a", F, args=("identity",), terminal=True)])
+    with pytest.raises(PipelineError, match="placement must be one of inline, workers, got 'auto'"):
+        Coordinator(config, placement="auto")
