@@ -31,3 +31,13 @@ def reference_loader():
         return checkpoints.reference_model(path), checkpoints.reference_processor(path)
 
     return load
+
+
+@pytest.fixture(autouse=True, scope="session")
+def terminal_width():
+    """One terminal width for every test, in this process and in the subprocesses that inherit
+    its environment: rich and typer wrap help, tables and errors at the width, and a wrapped
+    line would split what the tests look for."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("COLUMNS", "200")
+        yield

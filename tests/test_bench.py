@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
@@ -176,8 +175,7 @@ def test_bench_on_the_tiny_checkpoint(tiny_checkpoint, tmp_path):
     ledger_file = tmp_path / "ledger.jsonl"
     args = ["--model", str(tiny_checkpoint), "--cases", "frame,clip", "--repeats", "1", "--cores", "1",
             "--json", "--no-fail", "--ledger", str(ledger_file)]
-    proc = subprocess.run([sys.executable, "-c", RUN_CLI, *args], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "COLUMNS": "160"})
+    proc = subprocess.run([sys.executable, "-c", RUN_CLI, *args], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert set(report["gates"]) == set(gates.GATES)

@@ -4,7 +4,6 @@ and every kind of bad input (one line on stderr, non-zero exit, no file created 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -12,10 +11,10 @@ from pathlib import Path
 
 import pytest
 import srt
+from media_fixtures import make_audio_only, make_clip, make_truncated_mp4, make_zero_frame_clip
 from PIL import Image
 
 from ffai.cli import run
-from media_fixtures import make_audio_only, make_clip, make_truncated_mp4, make_zero_frame_clip
 
 
 @pytest.fixture(scope="module")
@@ -168,7 +167,7 @@ def test_bad_input_is_one_line_and_creates_nothing(kind, tmp_path, tiny_checkpoi
     out = tmp_path / "out.srt"
     proc = subprocess.run(
         [sys.executable, "-m", "ffai", "caption", "-i", str(bad), "--model", str(tiny_checkpoint), "-o", str(out)],
-        capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"},
+        capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode != 0
     one_error_line(proc.stderr, str(bad))

@@ -15,7 +15,7 @@ from ffai.cli import run
 
 def ffai(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
     """Run the real ``ffai`` entry point in a subprocess (as a user's shell would)."""
-    full_env = {**os.environ, "COLUMNS": "200", **(env or {})}
+    full_env = {**os.environ, **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "ffai", *args], capture_output=True, text=True, env=full_env, timeout=timeout
     )

@@ -57,7 +57,7 @@ def _caption_clip(tmp_path, fps: str, window: str) -> list[dict]:
     """``ffai caption`` on the bundled clip with no --model: the bundled demo model is the default
     when the real model is not found (FFAI_HOME points at an empty folder)."""
     out = tmp_path / f"out-{fps}-{window}.json"
-    env = {**os.environ, "COLUMNS": "200", "FFAI_HOME": str(tmp_path / "home"), "HF_HUB_CACHE": str(tmp_path / "hub")}
+    env = {**os.environ, "FFAI_HOME": str(tmp_path / "home"), "HF_HUB_CACHE": str(tmp_path / "hub")}
     env.pop("FFAI_MODEL", None)
     args = ["caption", "-i", str(CLIP), "--fps", fps, "--window", window, "-o", str(out)]
     proc = subprocess.run([sys.executable, "-m", "ffai", *args], capture_output=True, text=True, env=env, timeout=300)

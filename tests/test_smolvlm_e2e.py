@@ -7,7 +7,6 @@ per-stage gates live in test_smolvlm_preprocess/prompt/model.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
@@ -74,7 +73,7 @@ def test_cli_prints_exactly_the_reference_text(tiny_checkpoint, reference_loader
     expected = processor.batch_decode(out[:, inputs["input_ids"].shape[1]:], skip_special_tokens=True)[0]
     proc = subprocess.run(
         [sys.executable, "-m", "ffai", "caption", "-i", str(path), "--model", str(tiny_checkpoint), "--max-new-tokens", str(N_NEW)],
-        capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "200"},
+        capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
     assert expected.strip(), "the reference produced no text; pick another image"
