@@ -110,12 +110,14 @@ class Answer:
 
 @dataclass(frozen=True)
 class StageSpec:
-    """One stage of an engine's pipeline, as the core places it into a worker.
+    """One stage of an engine's pipeline, as the core places it: in this process or in a worker
+    process (``ffai.captioning.placement``).
 
     ``factory`` is a ``"module:function"`` importable in a fresh process; it is called as
     ``factory(model_dir, runtime)`` and returns a function from the previous stage's output
     (a DescribeRequest for the first stage) to this stage's output (an Answer, for the last).
-    Stages sharing a ``process`` name run in one worker process.
+    Stages sharing a ``process`` name share a worker process when the stages run in workers
+    on more than a few cores (``ffai.captioning.pipeline_config``).
     """
 
     name: str

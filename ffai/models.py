@@ -1,9 +1,11 @@
 """Model manifests and where checkpoints are found on disk.
 
 Lookup order for ``--model SPEC`` (DESIGN §5): a folder path holding ``config.json`` →
-``$FFAI_HOME/models/<name>`` → the Hugging Face hub cache (``HF_HUB_CACHE``, else
-``HF_HOME/hub``, else ``~/.cache/huggingface/hub``; snapshot layout, so checkpoints that
-transformers downloaded are reused) → a clear error naming ``ffai models pull``.
+``$FFAI_HOME/models/<name>`` → the models bundled with ffai (``models/``: the demo model) →
+the Hugging Face hub cache (``HF_HUB_CACHE``, else ``HF_HOME/hub``, else
+``~/.cache/huggingface/hub``; snapshot layout, so checkpoints that transformers downloaded
+are reused) → a clear error naming ``ffai models pull``. A name with no manifest is looked
+for in ``$FFAI_HOME/models/<name>`` only. Without ``--model``, ``default_model`` chooses.
 """
 
 from __future__ import annotations

@@ -91,6 +91,8 @@ def test_version():
         (["--max-new-tokens", "0"], "--max-new-tokens"),
         (["--dtype", "float64"], "--dtype"),
         (["-y", "-n"], "-y"),
+        (["--placement", "gpu"], "--placement must be one of auto, inline, workers"),
+        (["--max-frames", "-3"], "--max-frames must be at least 1"),
         (["--engine", "nope"], "no engine named 'nope' (available: smolvlm"),
         (["--fps", "abc"], "--fps"),
         (["--bogus"], "--bogus"),
@@ -129,3 +131,19 @@ def test_unknown_model_names_pull(tmp_path):
     assert proc.stderr.count("\n") == 1 and "smolvlm-demo" in proc.stderr and "ffai models pull smolvlm-256m-instruct" in proc.stderr
     proc = ffai("caption", "-i", str(image), "--model", str(tmp_path), env=env)
     assert_one_line_error(proc, 1, "no config.json")
+
+
+@pytest.mark.parametrize("where", ["app", "command"])
+def test_verbose_is_one_flag_before_or_after_the_command(where, tmp_path, capsys):
+    """-v/-q are declared once and taken by the app and by caption alike: ``ffai -v caption ...``
+    and ``ffai caption ... -v`` both show the traceback behind the one-line error."""
+    from PIL import Image
+
+    image = tmp_path / "a.png"
+    Image.new("RGB", (8, 8)).save(image)
+    args = ["caption", "-i", str(image), "--model", str(tmp_path)]
+    assert run(args) == 1
+    assert "Traceback" not in capsys.readouterr().err
+    assert run(["-v", *args] if where == "app" else [*args, "-v"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" in err and err.strip().splitlines()[-1].startswith("ffai: error:") and "no config.json" in err

@@ -14,9 +14,10 @@ How a run goes (choices documented here, in one place):
   weigh on both. Minimum and median over the repeats are reported; the speed gate and the
   speed-up use the median. A warm-up per process costs about one extra item per run; it buys
   a fresh process per measurement, so each arm's peak RSS is its own (for ffai the whole
-  process tree: the main process and its pipeline workers).
+  process tree: the main process and its pipeline workers, when it has any).
 - Both arms get the same cores: the reference one process with that many torch threads, ffai
-  the cores shared out between its worker processes (as ``ffai caption`` does).
+  its stages placed and threaded as ``ffai caption`` places a video run on that many cores
+  (``ffai.captioning.placement``: one process taking turns on 2 cores or fewer).
 - ``--dtype bfloat16`` runs ffai in bfloat16 against the float32 reference: the token
   agreement is reported and the correctness gate is SKIP; the RSS target becomes 0.5x.
 - Quality: with ``--quality-corpus DIR`` (images + questions.jsonl), or when the model is the
@@ -35,7 +36,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Annotated, Callable, Optional
 
 import typer
 
@@ -175,19 +176,17 @@ def render(report: dict, console) -> None:
 
 @bench_app.command("vlm")
 def vlm(
-    model: Optional[str] = typer.Option(None, "--model", help="Model name or checkpoint folder (default: real SmolVLM-256M shapes, random weights)."),
-    case_list: str = typer.Option(",".join(inputs.CASES), "--cases", help="Comma-separated subset of frame,still,window,clip."),
-    repeats: int = typer.Option(2, "--repeats", help="Timed runs per arm and case (ABBA order)."),
-    dtype: str = typer.Option("float32", "--dtype", help="ffai's dtype: float32, or bfloat16 (against the float32 reference)."),
-    quality_corpus: Optional[Path] = typer.Option(None, "--quality-corpus", help="Folder of images + questions.jsonl for the quality gate."),
-    quality_n: int = typer.Option(inputs.DEMO_N, "--quality-n", help="Held-out scenes asked of the demo model."),
-    cores: Optional[int] = typer.Option(None, "--cores", help="Cores both arms may use (default: all available)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
-    ledger_path: Optional[Path] = typer.Option(
-        None, "--ledger", help="Append one JSON line per run here (default: $FFAI_HOME/bench/ledger.jsonl)."
-    ),
-    no_fail: bool = typer.Option(False, "--no-fail", help="Exit 0 even when a gate fails."),
-    quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress lines on stderr."),
+    model: Annotated[Optional[str], typer.Option("--model", help="Model name or checkpoint folder (default: real SmolVLM-256M shapes, random weights).")] = None,
+    case_list: Annotated[str, typer.Option("--cases", help="Comma-separated subset of frame,still,window,clip.")] = ",".join(inputs.CASES),
+    repeats: Annotated[int, typer.Option("--repeats", help="Timed runs per arm and case (ABBA order).")] = 2,
+    dtype: Annotated[str, typer.Option("--dtype", help="ffai's dtype: float32, or bfloat16 (against the float32 reference).")] = "float32",
+    quality_corpus: Annotated[Optional[Path], typer.Option("--quality-corpus", help="Folder of images + questions.jsonl for the quality gate.")] = None,
+    quality_n: Annotated[int, typer.Option("--quality-n", help="Held-out scenes asked of the demo model.")] = inputs.DEMO_N,
+    cores: Annotated[Optional[int], typer.Option("--cores", help="Cores both arms may use (default: all available).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON on stdout.")] = False,
+    ledger_path: Annotated[Optional[Path], typer.Option("--ledger", help="Append one JSON line per run here (default: $FFAI_HOME/bench/ledger.jsonl).")] = None,
+    no_fail: Annotated[bool, typer.Option("--no-fail", help="Exit 0 even when a gate fails.")] = False,
+    quiet: Annotated[bool, typer.Option("-q", "--quiet", help="No progress lines on stderr.")] = False,
 ) -> None:
     """ffai against the transformers reference: correctness, quality, footprint and speed gates."""
     from rich.console import Console
