@@ -46,7 +46,6 @@ REPO = Path(__file__).resolve().parents[2]
 REFERENCE_DIR = REPO / "tests" / "data" / "smolvlm-256m-instruct"
 CACHE = REPO / ".cache" / "checkpoints"
 KINDS = ("real", "tiny")
-DTYPES = ("float32", "bfloat16")
 INIT_STD = 0.04
 
 # Copied unchanged next to the weights (tokenizer, chat template, generation defaults).
