@@ -35,7 +35,7 @@ def project(hs: list, weight, bias, schedule: str) -> list:
     import torch
     import torch.nn.functional as F
 
-    from ffai_smolvlm.text import linear
+    from ffai_smolvlm.layers import linear
 
     if schedule == "stacked" and len(hs) > 1:
         return list(F.linear(torch.cat(hs), weight, bias).split(1))
@@ -52,7 +52,7 @@ def layer_step(layer, xs: list, seqs: list, schedule: str) -> list:
     attn, mlp = layer.self_attn, layer.mlp
     h, kv, hd = attn.n_heads, attn.n_kv, attn.head_dim
     normed = [layer.input_layernorm(x) for x in xs]
-    qkvs = project(normed, *attn.qkv, schedule)
+    qkvs = project(normed, attn.qkv.weight, attn.qkv.bias, schedule)
     ys = []
     for qkv, seq in zip(qkvs, seqs):
         qkv = qkv.view(1, 1, h + 2 * kv, hd)
@@ -62,7 +62,8 @@ def layer_step(layer, xs: list, seqs: list, schedule: str) -> list:
         ys.append(attn._attend(q, k, v).transpose(1, 2).reshape(1, 1, -1))
     xs = [x + o for x, o in zip(xs, project(ys, attn.o_proj.weight, attn.o_proj.bias, schedule))]
     normed = [layer.post_attention_layernorm(x) for x in xs]
-    gated = [F.silu(g) * u for g, u in (gu.chunk(2, dim=-1) for gu in project(normed, *mlp.gate_up, schedule))]
+    gate_ups = project(normed, mlp.gate_up.weight, mlp.gate_up.bias, schedule)
+    gated = [F.silu(g) * u for g, u in (gu.chunk(2, dim=-1) for gu in gate_ups)]
     return [x + d for x, d in zip(xs, project(gated, mlp.down_proj.weight, mlp.down_proj.bias, schedule))]
 
 

@@ -13,7 +13,7 @@ import torch
 from ffai.bench import checkpoints
 from ffai.errors import ModelError
 from ffai_smolvlm.config import ModelConfig
-from ffai_smolvlm.weights import WEIGHT_NAMES, checkpoint_name, load_model
+from ffai_smolvlm.weights import WEIGHT_NAMES, checkpoint_name, load_model, model_tensor, slots
 
 REAL_CONFIG = checkpoints.REFERENCE_DIR / "config.json"
 
@@ -32,8 +32,8 @@ def test_real_config_values():
     t = cfg.text
     assert (t.hidden_size, t.num_hidden_layers, t.num_attention_heads, t.num_key_value_heads) == (576, 30, 9, 3)
     assert (t.head_dim, t.rope_theta, t.rms_norm_eps, t.vocab_size) == (64, 100000.0, 1e-5, 49280)
-    assert (t.max_position_embeddings, t.kv_groups) == (8192, 3)
-    assert cfg.tie_word_embeddings is False and t.tie_word_embeddings is False
+    assert t.max_position_embeddings == 8192
+    assert cfg.tie_word_embeddings is False
     assert (cfg.scale_factor, cfg.image_token_id, cfg.image_seq_len, cfg.connector_in_features) == (4, 49190, 64, 12288)
 
 
@@ -93,6 +93,59 @@ def test_unreadable_config_files(tmp_path):
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(ModelError, match=r"config\.json: cannot read config"):
         ModelConfig.from_dir(tmp_path)
+
+
+# --- the model folder's files agree, checked before any weight loads ------------------------
+
+
+def small_files_copy(tiny_checkpoint: Path, out: Path) -> Path:
+    """The tiny checkpoint without its weights: a run that reaches them fails differently."""
+    shutil.copytree(tiny_checkpoint, out, ignore=shutil.ignore_patterns("*.safetensors"))
+    return out
+
+
+def edit_json(path: Path, edit) -> None:
+    data = json.loads(path.read_text())
+    edit(data)
+    path.write_text(json.dumps(data))
+
+
+def caption_error(capsys, model: Path, tmp_path: Path) -> tuple[int, str]:
+    from PIL import Image
+
+    from ffai.cli import run
+
+    image = tmp_path / "image.png"
+    Image.new("RGB", (48, 32), (20, 120, 220)).save(image)
+    code = run(["caption", "-i", str(image), "--model", str(model)])
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ffai: error: ") and "Traceback" not in err, err
+    return code, lines[0]
+
+
+def test_image_seq_len_of_another_checkpoint_is_refused(capsys, tiny_checkpoint, tmp_path):
+    model = small_files_copy(tiny_checkpoint, tmp_path / "mixed")
+    edit_json(model / "processor_config.json", lambda d: d.update(image_seq_len=64))
+    code, line = caption_error(capsys, model, tmp_path)
+    assert code == 1
+    assert f"{model / 'processor_config.json'}: image_seq_len 64 does not match {model / 'config.json'}" in line
+    assert "16 image tokens each" in line
+
+
+def test_image_token_of_another_checkpoint_is_refused(capsys, tiny_checkpoint, tmp_path):
+    model = small_files_copy(tiny_checkpoint, tmp_path / "mixed")
+    edit_json(model / "config.json", lambda d: d.update(image_token_id=49189))
+    code, line = caption_error(capsys, model, tmp_path)
+    assert code == 1
+    assert f"{model / 'tokenizer.json'}: <image> is token 49190, but {model / 'config.json'} has image_token_id 49189" in line
+
+
+def test_agreeing_small_files_pass_the_check(capsys, tiny_checkpoint, tmp_path):
+    """The unedited copy gets past the check and fails only at the weights it lacks."""
+    model = small_files_copy(tiny_checkpoint, tmp_path / "same")
+    code, line = caption_error(capsys, model, tmp_path)
+    assert code == 1 and "no model.safetensors" in line
 
 
 # --- other shapes, same code, against transformers -----------------------------------------
@@ -184,8 +237,8 @@ def test_saved_names_match_the_table_both_ways(tiny_checkpoint):
     with safe_open(str(tiny_checkpoint / "model.safetensors"), "pt") as f:
         saved = set(f.keys())
     model = load_model(tiny_checkpoint)
-    expected = {checkpoint_name(name) for name, _ in model.named_parameters()}
-    assert saved == expected
+    expected = [checkpoint_name(target) for target in slots(model)]
+    assert saved == set(expected) and len(expected) == len(saved)
     prefixes = {k.split(".{}")[0].split(".")[0] for k in WEIGHT_NAMES}
     assert prefixes == {"model", "lm_head"}
 
@@ -266,8 +319,9 @@ def test_sharded_checkpoint_loads_the_same(tiny_copy):
         weight_map.update({k: shard for k in keys})
     (tiny_copy / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     model = load_model(tiny_copy)
-    for name, param in model.named_parameters():
-        assert torch.equal(param, tensors[checkpoint_name(name)])
+    assert len(slots(model)) == len(tensors)
+    for name, tensor in tensors.items():
+        assert torch.equal(model_tensor(model, name), tensor)
     (tiny_copy / "model-00002-of-00002.safetensors").unlink()
     with pytest.raises(ModelError, match="lists shard model-00002-of-00002.safetensors, which is missing"):
         load_model(tiny_copy)

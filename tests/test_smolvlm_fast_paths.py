@@ -1,8 +1,9 @@
 """The engine's fast paths give exactly what the plain paths give.
 
-Loading fuses q/k/v (both towers) and gate/up (text) into one matmul each; the RoPE rows come
-from a table built once; generation writes contiguous positions to the cache by slice. Each is
-checked bit for bit against the unfused / per-call / indexed path on the tiny checkpoint.
+q/k/v (both towers) and gate/up (text) run as one matmul each, read from the checkpoint into one
+buffer each; the RoPE rows come from a table built once; generation writes contiguous positions
+to the cache by slice. Each is checked bit for bit against the separate / per-call / indexed
+path on the tiny checkpoint.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ffai_smolvlm.text import fuse_linears, linear, rope_cos_sin, still_fused
-from ffai_smolvlm.weights import load_model
+from ffai_smolvlm.layers import FusedLinear, linear
+from ffai_smolvlm.text import apply_rope, rope_cos_sin
+from ffai_smolvlm.weights import load_model, model_tensor
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -29,55 +31,32 @@ def model(tiny_checkpoint):
     return load_model(tiny_checkpoint)
 
 
-def unfuse(model) -> None:
-    """Drop the fused tensors so every layer takes the separate-linear path."""
-    for layer in model.text.layers:
-        layer.self_attn.qkv = layer.mlp.gate_up = None
-    for layer in model.vision.layers:
-        layer.self_attn.qkv = None
+def fused_linears(model) -> list[FusedLinear]:
+    return [m for m in model.modules() if isinstance(m, FusedLinear)]
 
 
-def test_loading_fuses_every_layer_without_copying_weights(model):
-    for layer in model.text.layers:
-        attn, mlp = layer.self_attn, layer.mlp
-        assert still_fused(attn.qkv, attn.q_proj, attn.k_proj, attn.v_proj)
-        assert still_fused(mlp.gate_up, mlp.gate_proj, mlp.up_proj)
-    for layer in model.vision.layers:
-        attn = layer.self_attn
-        assert still_fused(attn.qkv, attn.q_proj, attn.k_proj, attn.v_proj)
-        assert attn.k_proj.bias.data_ptr() == attn.qkv[1].data_ptr() + attn.q_proj.out_features * 4
-    # The checkpoint's names are unchanged and no fused tensor leaks into the state dict.
-    names = set(model.state_dict())
-    assert "text.layers.0.self_attn.k_proj.weight" in names and not any("qkv" in n or "gate_up" in n for n in names)
-
-
-def test_fused_groups_are_read_into_one_buffer_not_through_the_file_map(model, tiny_checkpoint):
-    """The loader reads each fusion group back to back into memory of its own; fusing then
-    copies nothing, and no fused weight is a view of the memory-mapped checkpoint."""
+def test_loading_reads_each_fused_group_into_one_buffer_not_through_the_file_map(model, tiny_checkpoint):
+    """Every q/k/v and gate/up is one buffer of exactly its own size (not a view of the
+    memory-mapped file, not a concatenation after reading), and each of its parts holds the
+    checkpoint's tensor bit for bit, as does every other parameter."""
     from safetensors import safe_open
 
-    for layer in model.text.layers:
-        weight = layer.mlp.gate_up[0]
-        assert layer.mlp.gate_proj.weight.untyped_storage().data_ptr() == weight.untyped_storage().data_ptr()
-        # A buffer of exactly its own size: not the map of the whole file.
-        assert weight.untyped_storage().nbytes() == weight.numel() * weight.element_size()
+    cfg = model.cfg
+    fused = fused_linears(model)
+    assert len(fused) == 2 * cfg.text.num_hidden_layers + cfg.vision.num_hidden_layers
+    for lin in fused:
+        for t in (lin.weight, lin.bias) if lin.bias is not None else (lin.weight,):
+            assert t.untyped_storage().nbytes() == t.numel() * t.element_size()
     with safe_open(str(tiny_checkpoint / "model.safetensors"), framework="pt") as f:
-        for name in ("model.text_model.layers.0.self_attn.v_proj.weight", "model.vision_model.encoder.layers.1.self_attn.q_proj.bias",
-                     "model.text_model.layers.1.mlp.up_proj.weight"):
-            assert torch.equal(f.get_tensor(name), model.get_parameter(_module_name(name)))
-
-
-def _module_name(checkpoint_name: str) -> str:
-    from ffai_smolvlm.weights import module_name
-
-    return module_name(checkpoint_name)
+        for name in f.keys():
+            assert torch.equal(f.get_tensor(name), model_tensor(model, name)), name
 
 
 def test_a_fusion_group_in_a_bfloat16_load_is_cast_on_read(model, tiny_checkpoint):
     low = load_model(tiny_checkpoint, dtype=torch.bfloat16)
-    a, b = low.text.layers[0].self_attn, model.text.layers[0].self_attn
-    assert still_fused(a.qkv, a.q_proj, a.k_proj, a.v_proj) and a.qkv[0].dtype == torch.bfloat16
-    assert torch.equal(a.qkv[0], b.qkv[0].to(torch.bfloat16))
+    a, b = low.text.layers[0].self_attn.qkv.weight, model.text.layers[0].self_attn.qkv.weight
+    assert a.dtype == torch.bfloat16 and a.untyped_storage().nbytes() == a.numel() * a.element_size()
+    assert torch.equal(a, b.to(torch.bfloat16))
 
 
 def test_building_the_model_skips_torch_symbolic_machinery(tiny_checkpoint):
@@ -112,16 +91,42 @@ def test_a_one_row_linear_over_threads_equals_f_linear_bit_for_bit(shape, thread
 def test_fused_linears_equal_separate_ones_bit_for_bit():
     torch.manual_seed(0)
     linears = [nn.Linear(48, 40), nn.Linear(48, 16), nn.Linear(48, 16)]
-    x = torch.randn(2, 7, 48)
+    fused = FusedLinear(48, (40, 16, 16), bias=True)
     with torch.no_grad():
-        want = torch.cat([lin(x) for lin in linears], dim=-1)
-        fused = fuse_linears(*linears)
-        got = nn.functional.linear(x, *fused)
-        assert torch.equal(got, want)
-        assert torch.equal(torch.cat([lin(x) for lin in linears], dim=-1), want)  # views still hold the weights
-    assert still_fused(fused, *linears)
-    linears[1].weight = nn.Parameter(linears[1].weight.clone())  # reassigning a weight undoes the fusion
-    assert not still_fused(fused, *linears)
+        for lin, rows in zip(linears, fused.part_rows()):
+            fused.weight[rows] = lin.weight
+            fused.bias[rows] = lin.bias
+        for x in (torch.randn(2, 7, 48), torch.randn(1, 1, 48)):
+            assert torch.equal(fused(x), torch.cat([lin(x) for lin in linears], dim=-1))
+
+
+def separate(lin: FusedLinear, x: torch.Tensor) -> list[torch.Tensor]:
+    """What the reference computes: one linear per part, each weight a tensor of its own."""
+    bias = [None] * len(lin.parts) if lin.bias is None else [lin.bias[r].clone() for r in lin.part_rows()]
+    return [F.linear(x, lin.weight[r].clone(), b) for r, b in zip(lin.part_rows(), bias)]
+
+
+def test_the_model_fused_projections_equal_separate_ones(model):
+    """Each layer's attention and MLP as the reference runs them (separate q, k, v, gate and up
+    projections, RoPE on q and k apart), against the model's fused forward: same bits."""
+    torch.manual_seed(1)
+    text, t = model.text, 19
+    with torch.no_grad():
+        for layer in text.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            x = torch.randn(1, t, text.cfg.hidden_size)
+            rope = text._rope_rows(0, t, x)
+            q, k, v = (y.view(1, t, -1, attn.head_dim).transpose(1, 2) for y in separate(attn.qkv, x))
+            y = attn._attend(apply_rope(q, *rope), apply_rope(k, *rope), v).transpose(1, 2).reshape(1, t, -1)
+            assert torch.equal(attn(x, rope, slice(0, t), None, t), attn.o_proj(y))
+            gate, up = separate(mlp.gate_up, x)
+            assert torch.equal(mlp(x), mlp.down_proj(F.silu(gate) * up))
+        for layer in model.vision.layers:
+            attn = layer.self_attn
+            x = torch.randn(2, 64, model.cfg.vision.hidden_size)
+            q, k, v = (y.view(2, 64, attn.n_heads, attn.head_dim).transpose(1, 2) for y in separate(attn.qkv, x))
+            y = F.scaled_dot_product_attention(q, k, v, scale=attn.head_dim**-0.5).transpose(1, 2).reshape(2, 64, -1)
+            assert torch.equal(attn(x, None), attn.out_proj(y))
 
 
 def _whole_batch(vision, pixels, mask):
@@ -146,18 +151,6 @@ def test_vision_tile_by_tile_equals_the_whole_batch(model, padded):
     patches = patch_mask(mask, model.cfg.vision.patch_size)
     with torch.no_grad():
         assert torch.equal(model.vision(pixels, patches), _whole_batch(model.vision, pixels, patches))
-
-
-def test_fused_model_equals_unfused_model(model, tiny_checkpoint):
-    plain = load_model(tiny_checkpoint)
-    unfuse(plain)
-    torch.manual_seed(1)
-    pixels = torch.randn(2, 3, 64, 64)
-    ids = torch.randint(0, 1000, (1, 19))
-    with torch.no_grad():
-        assert torch.equal(model.encode_images(pixels, None), plain.encode_images(pixels, None))
-        x = model.text.embed_tokens(ids)
-        assert torch.equal(model.text(x, torch.arange(19)), plain.text(x, torch.arange(19)))
 
 
 def test_rope_table_rows_equal_per_call_rope(model):

@@ -15,8 +15,9 @@ import pytest
 import torch
 from PIL import Image
 
-from ffai.errors import EngineError
-from ffai_smolvlm.generate import ensure_cache, generate
+from ffai.engine import DecodingOptions
+from ffai.errors import EngineError, UsageError
+from ffai_smolvlm.generate import generate
 from ffai_smolvlm.weights import load_model
 
 pytestmark = pytest.mark.oracle
@@ -59,8 +60,8 @@ def processor_inputs(processor, images, *, split: bool, question: str = "Describ
 
 def forced(model, inputs, embeds, n: int, stops: list[int], **kwargs) -> list[int]:
     """Our generation of exactly ``n`` tokens for processor ``inputs``."""
-    ids = inputs["input_ids"]
-    return generate(model, ids, embeds, max_new_tokens=n, stop_ids=stops, force_new_tokens=True, **kwargs)
+    options = DecodingOptions(max_new_tokens=n, force_new_tokens=True, **kwargs)
+    return generate(model, inputs["input_ids"], embeds, options, stops)
 
 
 def rel_err(ours: torch.Tensor, theirs: torch.Tensor) -> float:
@@ -270,11 +271,11 @@ def test_stop_token_ends_generation_like_reference(tiny):
     embeds = model.encode_images(inputs["pixel_values"], inputs["pixel_attention_mask"])
     all32 = forced(model, inputs, embeds, N_NEW, stops)
     stop = all32[4]  # pretend the 5th greedy token is the end-of-utterance token
-    ours = generate(model, inputs["input_ids"], embeds, max_new_tokens=N_NEW, stop_ids=[stop])
+    ours = generate(model, inputs["input_ids"], embeds, DecodingOptions(max_new_tokens=N_NEW), [stop])
     theirs, _ = reference_generate(ref, inputs, min_new_tokens=0, eos_token_id=stop)
     assert ours == all32[: all32.index(stop)]
     assert theirs == ours + [stop]
-    unforced = generate(model, inputs["input_ids"], embeds, max_new_tokens=N_NEW, stop_ids=stops)
+    unforced = generate(model, inputs["input_ids"], embeds, DecodingOptions(max_new_tokens=N_NEW), stops)
     assert unforced == reference_generate(ref, inputs, min_new_tokens=0)[0][: len(unforced)]
 
 
@@ -284,7 +285,7 @@ def test_cached_decoding_equals_recomputation(tiny):
     inputs = processor_inputs(processor, [random_image(9, (300, 300))], split=True)
     embeds = model.encode_images(inputs["pixel_values"], inputs["pixel_attention_mask"])
     ids = inputs["input_ids"]
-    tokens = generate(model, ids, embeds, max_new_tokens=20, stop_ids=stops, force_new_tokens=True)
+    tokens = generate(model, ids, embeds, DecodingOptions(max_new_tokens=20, force_new_tokens=True), stops)
     with torch.no_grad():
         x = model.embed(torch.cat([ids, torch.tensor([tokens[:-1]])], dim=1), embeds)
         logits = model.text(x, torch.arange(x.shape[1]))  # no cache: the whole sequence at once
@@ -317,17 +318,18 @@ def test_cache_is_reused_and_grown_only_when_needed(tiny, tiny_checkpoint):
         e = m.encode_images(inputs["pixel_values"], inputs["pixel_attention_mask"])
         return forced(m, inputs, e, n, stops)
 
-    model.cache = None
+    text = model.text
+    text.cache = None
     first = run(model, short_in, 8)
-    cache = model.cache
+    cache = text.cache
     assert cache.max_len >= short_in["input_ids"].shape[1] + 8
-    assert run(model, short_in, 8) == first and model.cache is cache  # reused, same answer
+    assert run(model, short_in, 8) == first and text.cache is cache  # reused, same answer
     long_tokens = run(model, long_in, 16)
-    assert model.cache is not cache and model.cache.max_len >= long_in["input_ids"].shape[1] + 16
-    grown = model.cache
-    assert run(model, short_in, 8) == first and model.cache is grown  # stale longer contents never leak
+    assert text.cache is not cache and text.cache.max_len >= long_in["input_ids"].shape[1] + 16
+    grown = text.cache
+    assert run(model, short_in, 8) == first and text.cache is grown  # stale longer contents never leak
     assert run(fresh, long_in, 16) == long_tokens
-    assert ensure_cache(model, 1, 10) is grown
+    assert text.reserve_cache(1, 10) is grown
 
 
 def test_image_token_count_is_checked(tiny):
@@ -352,10 +354,11 @@ def test_sampling_is_reproducible_with_a_seed(tiny):
     assert a == run(temperature=1.5, top_p=0.95, top_k=50, seed=7)
     assert a != run(temperature=1.5, top_p=0.95, top_k=50, seed=8)
     assert run(temperature=1.0, top_k=1, seed=3) == run()  # top-1 sampling is greedy
-    with pytest.raises(EngineError, match="needs a seed"):
+    # Refused once, by DecodingOptions, before anything reaches the model.
+    with pytest.raises(UsageError, match="needs --seed"):
         run(temperature=0.7)
-    with pytest.raises(EngineError, match="temperature > 0"):
-        run(top_k=5)
+    with pytest.raises(UsageError, match="need --temperature > 0"):
+        run(top_k=5, seed=1)
 
 
 def test_on_token_streams_each_token_and_context_is_checked(tiny):
@@ -363,12 +366,12 @@ def test_on_token_streams_each_token_and_context_is_checked(tiny):
     inputs = processor_inputs(processor, [random_image(15, (64, 64))], split=False)
     embeds = model.encode_images(inputs["pixel_values"], inputs["pixel_attention_mask"])
     seen = []
-    out = generate(model, inputs["input_ids"], embeds, max_new_tokens=5, stop_ids=stops, force_new_tokens=True,
+    out = generate(model, inputs["input_ids"], embeds, DecodingOptions(max_new_tokens=5, force_new_tokens=True), stops,
                    on_token=seen.append)
     assert seen == out and len(out) == 5
     limit = model.cfg.text.max_position_embeddings
     with pytest.raises(EngineError, match=f"exceeds the model's context of {limit}"):
-        generate(model, inputs["input_ids"], embeds, max_new_tokens=limit, stop_ids=stops)
+        generate(model, inputs["input_ids"], embeds, DecodingOptions(max_new_tokens=limit), stops)
 
 
 def test_bfloat16_loads_and_generates(tiny, tiny_checkpoint):

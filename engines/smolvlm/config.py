@@ -18,6 +18,7 @@ from typing import Any
 
 from ffai.errors import ModelError
 
+CONFIG_FILE = "config.json"
 MODEL_TYPE = "idefics3"
 VISION_ACTS = ("gelu_pytorch_tanh",)
 TEXT_ACTS = ("silu",)
@@ -120,7 +121,8 @@ class VisionConfig:
 
 @dataclass(frozen=True)
 class TextConfig:
-    """Llama text tower (transformers' ``LlamaConfig``), default RoPE only."""
+    """Llama text tower (transformers' ``LlamaConfig``), default RoPE only. Its own
+    ``tie_word_embeddings`` is not read: Idefics3 ties the head by the top-level flag."""
 
     hidden_size: int
     intermediate_size: int
@@ -133,14 +135,8 @@ class TextConfig:
     max_position_embeddings: int
     vocab_size: int
     hidden_act: str
-    tie_word_embeddings: bool
     attention_bias: bool
     mlp_bias: bool
-
-    @property
-    def kv_groups(self) -> int:
-        """Query heads per key/value head (GQA)."""
-        return self.num_attention_heads // self.num_key_value_heads
 
     @classmethod
     def from_section(cls, s: _Section) -> "TextConfig":
@@ -160,7 +156,6 @@ class TextConfig:
             max_position_embeddings=s.positive("max_position_embeddings", 2048),
             vocab_size=s.positive("vocab_size"),
             hidden_act=s.get("hidden_act", str, "silu"),
-            tie_word_embeddings=s.get("tie_word_embeddings", bool, False),
             attention_bias=s.get("attention_bias", bool, False),
             mlp_bias=s.get("mlp_bias", bool, False),
         )
@@ -190,11 +185,11 @@ class ModelConfig:
 
     @classmethod
     def from_dir(cls, model_dir: Path | str) -> "ModelConfig":
-        path = Path(model_dir) / "config.json"
+        path = Path(model_dir) / CONFIG_FILE
         return cls.from_dict(read_json_object(path, "config"), source=str(path))
 
     @classmethod
-    def from_dict(cls, data: dict, source: str = "config.json") -> "ModelConfig":
+    def from_dict(cls, data: dict, source: str = CONFIG_FILE) -> "ModelConfig":
         s = _Section(data, source, "")
         model_type = s.get("model_type", str)
         if model_type != MODEL_TYPE:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ffai.engine import Answer, DecodingOptions, DescribeRequest, EngineInfo, RuntimeOptions, StageSpec
-from ffai.errors import UsageError
+from ffai.errors import ModelError, UsageError
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -69,6 +69,7 @@ class SmolVLMEngine:
         config = ModelConfig.from_dir(model_dir)
         processor = ProcessorConfig.from_dir(model_dir)
         builder = PromptBuilder.from_dir(model_dir)
+        _check_files_agree(model_dir, config, processor, builder)
         grids = [(0, 0)] * n_images
         prompt_len = builder.count_tokens(grids, prompt_text(options, n_images, split), processor.image_seq_len)
         context = config.text.max_position_embeddings
@@ -94,6 +95,28 @@ class SmolVLMEngine:
 ENGINE = SmolVLMEngine()
 
 
+def _check_files_agree(model_dir: Path, config, processor, builder) -> None:
+    """The processor and tokenizer files come from the same checkpoint as config.json: the prompt
+    holds as many image tokens per tile as the towers make, and they are the token the model
+    replaces with image embeddings. A mixed folder would otherwise fail only after loading."""
+    from ffai_smolvlm.config import CONFIG_FILE
+    from ffai_smolvlm.preprocess import PROCESSOR_FILE
+    from ffai_smolvlm.prompt import IMAGE, TOKENIZER_FILE
+
+    if processor.image_seq_len != config.image_seq_len:
+        raise ModelError(
+            f"{model_dir / PROCESSOR_FILE}: image_seq_len {processor.image_seq_len} does not match "
+            f"{model_dir / CONFIG_FILE}, whose tiles make {config.image_seq_len} image tokens each; "
+            "the two files come from different checkpoints"
+        )
+    if builder.image_token_id != config.image_token_id:
+        raise ModelError(
+            f"{model_dir / TOKENIZER_FILE}: {IMAGE} is token {builder.image_token_id}, but "
+            f"{model_dir / CONFIG_FILE} has image_token_id {config.image_token_id}; "
+            "the two files come from different checkpoints"
+        )
+
+
 def _torch_device(name: str) -> str:
     import torch
 
@@ -106,7 +129,6 @@ def _torch_device(name: str) -> str:
 
 def _load_weights(model_dir: Path, runtime: RuntimeOptions, parts: tuple[str, ...]):
     import torch
-
     from ffai_smolvlm.weights import load_model
 
     # Thread counts are the pipeline's (ffai.pipeline.worker.set_threads), set per process before
@@ -163,28 +185,14 @@ class TextDecoder:
 
     def generate_ids(self, encoded: Encoded, on_token: Callable[[str], None] | None = None) -> list[int]:
         import torch
-
         from ffai_smolvlm.generate import generate
 
-        options = encoded.options
         token_cb: Callable[[int], Any] | None = None
         if on_token is not None:
             token_cb = lambda token_id: on_token(self.prompts.decode([token_id]))  # noqa: E731
         ids = torch.tensor([encoded.input_ids], device=self.net.device)
         with torch.inference_mode():
-            return generate(
-                self.net,
-                ids,
-                encoded.image_embeds,
-                max_new_tokens=options.max_new_tokens,
-                stop_ids=self.stop_ids,
-                force_new_tokens=options.force_new_tokens,
-                temperature=options.temperature,
-                top_p=options.top_p,
-                top_k=options.top_k,
-                seed=options.seed,
-                on_token=token_cb,
-            )
+            return generate(self.net, ids, encoded.image_embeds, encoded.options, self.stop_ids, token_cb)
 
 
 class SmolVLMModel:

@@ -1,9 +1,10 @@
 """Token generation as small free functions over a static KV cache (after gpt-fast's generate.py).
 
 ``generate`` embeds the prompt (image embeddings merged in), runs ``prefill`` once, then
-``decode_n_tokens`` feeds one token at a time through ``decode_one_token``. The cache lives on
-the model (``model.cache``), is allocated on first use and only replaced when a request needs a
-longer one (lengths rounded up to ``CACHE_STEP``), so a worker reuses it across windows.
+``decode_n_tokens`` feeds one token at a time through ``decode_one_token``. The cache is the
+text tower's own (``TextModel.reserve_cache``), so a worker reuses it across windows. The
+options come validated (``DecodingOptions``); only what they cannot know is checked here: one
+prompt, whose length with the new tokens fits the model's context.
 
 Stopping matches transformers' ``generate``: greedy argmax (first index on ties); a stop id ends
 the sequence. The reference's output keeps that final stop token, ours leaves it out; it is a
@@ -15,7 +16,7 @@ exactly ``max_new_tokens`` tokens come back and they equal the reference's
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
 
@@ -24,17 +25,8 @@ from ffai.errors import EngineError
 from .model import Idefics3
 from .text import KVCache
 
-CACHE_STEP = 256
-
-
-def ensure_cache(model: Idefics3, batch: int, length: int) -> KVCache:
-    """The model's cache, replaced by a larger one only when ``length`` positions do not fit."""
-    cache = model.cache
-    if cache is None or not cache.fits(batch, length, model.dtype, model.device):
-        limit = model.cfg.text.max_position_embeddings
-        size = min(-(-length // CACHE_STEP) * CACHE_STEP, limit)
-        model.cache = cache = model.text.new_cache(batch, max(size, length))
-    return cache
+if TYPE_CHECKING:  # pragma: no cover
+    from ffai.engine import DecodingOptions
 
 
 def prefill(model: Idefics3, x: torch.Tensor, cache: KVCache) -> torch.Tensor:
@@ -43,16 +35,10 @@ def prefill(model: Idefics3, x: torch.Tensor, cache: KVCache) -> torch.Tensor:
     return model.text(x, pos, cache, last_only=True)[:, -1]
 
 
-def decode_one_token(
-    model: Idefics3, token: torch.Tensor, pos: int, cache: KVCache, positions: torch.Tensor | None = None
-) -> torch.Tensor:
-    """(B,) token ids at position ``pos`` -> (B, vocab) logits for the token after.
-
-    ``positions`` (an ``arange`` covering ``pos``) saves building a position tensor per step.
-    """
+def decode_one_token(model: Idefics3, token: torch.Tensor, pos: torch.Tensor, cache: KVCache) -> torch.Tensor:
+    """(B,) token ids at position ``pos`` (a (1,) tensor) -> (B, vocab) logits for the token after."""
     x = model.text.embed_tokens(token[:, None])  # (B, 1, D)
-    pos_t = positions[pos : pos + 1] if positions is not None else torch.tensor([pos], device=x.device)
-    return model.text(x, pos_t, cache)[:, -1]
+    return model.text(x, pos, cache)[:, -1]
 
 
 def decode_n_tokens(
@@ -69,7 +55,8 @@ def decode_n_tokens(
 ) -> list[int]:
     """Up to ``n`` tokens from the prefill's ``logits``; the next token goes in at ``pos``."""
     stops = torch.tensor(sorted(set(stop_ids)), dtype=torch.long, device=logits.device)
-    positions = torch.arange(pos + n, device=logits.device)  # every position this call can reach
+    # Every position this call can reach, built once rather than one tensor per step.
+    positions = torch.arange(pos + n, device=logits.device)
     tokens: list[int] = []
     while True:
         if force and stops.numel():
@@ -83,7 +70,7 @@ def decode_n_tokens(
             on_token(value)
         if len(tokens) == n:
             return tokens
-        logits = decode_one_token(model, token, pos, cache, positions)
+        logits = decode_one_token(model, token, positions[pos : pos + 1], cache)
         pos += 1
 
 
@@ -110,15 +97,11 @@ def sampler(temperature: float, top_k: int, top_p: float, generator: torch.Gener
     return pick
 
 
-def _picker(temperature: float, top_p: float, top_k: int, seed: int | None, device) -> Callable:
-    if temperature == 0:
-        if top_p < 1.0 or top_k > 0:
-            raise EngineError("top-p/top-k need a temperature > 0")
+def _picker(options: DecodingOptions, device) -> Callable[[torch.Tensor], torch.Tensor]:
+    if options.temperature == 0:  # DecodingOptions allows no top-p/top-k then
         return greedy
-    if seed is None:
-        raise EngineError("sampling needs a seed so runs are reproducible")
-    generator = torch.Generator(device=device).manual_seed(seed)
-    return sampler(temperature, top_k, top_p, generator)
+    generator = torch.Generator(device=device).manual_seed(options.seed)
+    return sampler(options.temperature, options.top_k, options.top_p, generator)
 
 
 @torch.no_grad()
@@ -126,14 +109,8 @@ def generate(
     model: Idefics3,
     input_ids: torch.Tensor | Sequence[int],
     image_embeds: torch.Tensor | None,
-    *,
-    max_new_tokens: int,
+    options: DecodingOptions,
     stop_ids: Sequence[int],
-    force_new_tokens: bool = False,
-    temperature: float = 0.0,
-    top_p: float = 1.0,
-    top_k: int = 0,
-    seed: int | None = None,
     on_token: Callable[[int], None] | None = None,
 ) -> list[int]:
     """New token ids for one prompt (stop token excluded); ``on_token`` sees each as it comes."""
@@ -141,19 +118,15 @@ def generate(
     if ids.dim() > 2 or (ids.dim() == 2 and ids.shape[0] != 1):
         raise EngineError(f"generate takes one prompt, got input_ids of shape {tuple(ids.shape)}")
     ids = ids.reshape(1, -1)  # (1, T)
-    if max_new_tokens < 1:
-        raise EngineError("max_new_tokens must be at least 1")
-    prompt_len = ids.shape[1]
+    prompt_len, n = ids.shape[1], options.max_new_tokens
     limit = model.cfg.text.max_position_embeddings
-    if prompt_len + max_new_tokens > limit:
-        raise EngineError(
-            f"prompt of {prompt_len} tokens + {max_new_tokens} new tokens exceeds the model's context of {limit}"
-        )
-    pick = _picker(temperature, top_p, top_k, seed, model.device)
+    if prompt_len + n > limit:
+        raise EngineError(f"prompt of {prompt_len} tokens + {n} new tokens exceeds the model's context of {limit}")
+    pick = _picker(options, model.device)
     x = model.embed(ids, image_embeds)  # (1, T, D)
-    cache = ensure_cache(model, 1, prompt_len + max_new_tokens)
+    cache = model.text.reserve_cache(1, prompt_len + n)
     logits = prefill(model, x, cache)
     return decode_n_tokens(
-        model, logits, prompt_len, cache, max_new_tokens,
-        pick=pick, stop_ids=stop_ids, force=force_new_tokens, on_token=on_token,
+        model, logits, prompt_len, cache, n,
+        pick=pick, stop_ids=stop_ids, force=options.force_new_tokens, on_token=on_token,
     )

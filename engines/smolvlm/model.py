@@ -17,9 +17,8 @@ from ffai.errors import EngineError
 
 from .config import ModelConfig
 from .connector import Connector
-from .text import KVCache, TextModel
+from .text import TextModel
 from .vision import VisionTransformer, patch_mask
-
 
 # "vision" (vision tower + connector) makes image embeddings; "text" (text tower) makes tokens.
 PARTS = ("vision", "text")
@@ -36,28 +35,6 @@ class Idefics3(nn.Module):
         self.vision = VisionTransformer(cfg.vision) if "vision" in parts else None
         self.connector = Connector(cfg) if "vision" in parts else None
         self.text = TextModel(cfg.text, cfg.tie_word_embeddings) if "text" in parts else None
-        # The KV cache kept between requests (see generate.ensure_cache); not part of the weights.
-        self.cache: KVCache | None = None
-        # Loading weights (weights.load_model) ends by fusing projections that share an input.
-        self.register_load_state_dict_post_hook(lambda module, _incompatible: module.fuse())
-
-    def fuse(self) -> None:
-        """One matmul where the reference runs several on the same input (bit-identical results)."""
-        if self.vision is not None:
-            self.vision.fuse()
-        if self.text is not None:
-            self.text.fuse()
-
-    def fusion_groups(self) -> list[tuple[str, ...]]:
-        """Parameter names that ``fuse`` joins into one tensor, each group in its fused order (a
-        module lists its linears in ``fused_linears``); the loader reads each group into one buffer."""
-        groups = []
-        for prefix, module in self.named_modules():
-            linears = getattr(module, "fused_linears", ())
-            for kind in ("weight", "bias"):
-                if linears and getattr(getattr(module, linears[0]), kind) is not None:
-                    groups.append(tuple(f"{prefix}.{name}.{kind}" for name in linears))
-        return groups
 
     @property
     def dtype(self) -> torch.dtype:

@@ -3,18 +3,17 @@
 Follows transformers' ``LlamaModel`` / ``LlamaForCausalLM`` where it decides float equality:
 RMSNorm computed in float32 then cast back before the weight; rotate-half RoPE with
 ``inv_freq = 1 / theta**(arange(0, hd, 2) / hd)`` and cos/sin built in float32 from the
-positions; q/k/v projected separately, RoPE on q and k, keys and values cached after RoPE; the
-scale ``head_dim**-0.5`` applied inside SDPA; GQA by key/value head groups; SiLU-gated MLP.
+positions; RoPE on q and k, keys and values cached after RoPE; the scale ``head_dim**-0.5``
+applied inside SDPA; GQA by key/value head groups; SiLU-gated MLP.
 
 The cache follows gpt-fast: one tensor pair per layer, sized once, written at ``input_pos``.
 Unlike gpt-fast, attention reads only the filled prefix ``[:end]`` (no full-length mask), which
 is both cheaper on CPU and the same arithmetic as the reference's growing cache.
 
-Work the reference repeats and we do once: q/k/v and gate/up each run as one matmul over a
-fused weight (``fuse_linears``; the per-output-column dot products are unchanged, so the result
-is bit-identical on MKL, checked by tests/test_smolvlm_fast_paths.py), the RoPE cos/sin rows come
+Work the reference repeats and we do once: q/k/v and gate/up each run as one matmul
+(``layers.FusedLinear``: the same dot products, so bit-identical), the RoPE cos/sin rows come
 from a table built once per model, and a contiguous run of positions is written to the cache by
-slice instead of by index.
+slice instead of by index (tests/test_smolvlm_fast_paths.py checks each against the plain way).
 """
 
 from __future__ import annotations
@@ -24,6 +23,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import TextConfig
+from .layers import FusedLinear, Linear, embedding_table
+
+# Cache lengths are rounded up to a multiple of this, so requests of similar lengths share one.
+CACHE_STEP = 256
 
 
 class KVCache:
@@ -64,81 +67,6 @@ class KVCache:
         self.k[layer][:, :, pos] = k
         self.v[layer][:, :, pos] = v
         return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
-
-
-def fuse_linears(*linears: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One (sum of out, in) weight (and bias) for linears that read the same input.
-
-    Each linear's parameters become views into the fused tensors, so the separate weights (the
-    checkpoint's names, ``state_dict``) stay valid and no memory is duplicated. When the weights
-    already lie back to back in one buffer (``weights.load_model`` reads them so), that buffer is
-    the fused tensor and nothing is copied.
-    """
-    weight = _joined([lin.weight for lin in linears])
-    has_bias = linears[0].bias is not None
-    bias = _joined([lin.bias for lin in linears]) if has_bias else None
-    start = 0
-    for lin in linears:
-        end = start + lin.out_features
-        lin.weight = nn.Parameter(weight[start:end], requires_grad=False)
-        if has_bias:
-            lin.bias = nn.Parameter(bias[start:end], requires_grad=False)
-        start = end
-    return weight, bias
-
-
-def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
-    """``torch.cat(parts)``, or a view of their common buffer when they already lie in it in order."""
-    first = parts[0].detach()
-    offset, storage = first.storage_offset(), first.untyped_storage()
-    adjacent = all(p.is_contiguous() and p.dtype == first.dtype for p in parts)
-    for p in parts:
-        adjacent = adjacent and p.untyped_storage().data_ptr() == storage.data_ptr() and p.storage_offset() == offset
-        offset += p.numel()
-    if not adjacent or offset > storage.nbytes() // first.element_size():
-        return torch.cat([p.detach() for p in parts])
-    rows = sum(p.shape[0] for p in parts)
-    return first.new_empty(0).set_(storage, first.storage_offset(), (rows, *first.shape[1:]), first.stride())
-
-
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear``, with a one-row input (a decode step) spread over torch's threads.
-
-    torch runs a one-row float32 ``F.linear`` on one thread, which leaves a decode step's
-    matrix-vector products at about half the memory bandwidth two cores have. Here the weight's
-    output rows are cut into one block per thread and ``bmm`` computes the blocks in parallel:
-    every output is the same dot product by the same kernel, so the result is bit for bit
-    ``F.linear``'s (tests/test_smolvlm_fast_paths.py); measured on 2 cores, the 121 products
-    of a SmolVLM-256M decode step take 34 ms instead of 54 ms. Small blocks (fewer than 64 rows
-    or columns) take other kernels, whose sums may round differently: those stay on F.linear.
-    """
-    p = torch.get_num_threads()
-    n, k = weight.shape
-    if (
-        p > 1 and bias is None and x.numel() == k and n % p == 0 and n // p >= 64 and k >= 64 and weight.is_contiguous()
-        and x.dtype == weight.dtype == torch.float32 and x.device.type == "cpu"
-    ):
-        blocks = weight.view(p, n // p, k).transpose(1, 2)  # (p, k, n / p)
-        return torch.bmm(x.reshape(1, 1, k).expand(p, 1, k), blocks).view(*x.shape[:-1], n)
-    return F.linear(x, weight, bias)
-
-
-def embedding_table(rows: int, dim: int) -> nn.Embedding:
-    """An nn.Embedding left uninitialised (the checkpoint fills it). Its default init, normal_,
-    on the meta device imports torch's symbolic-shape machinery: about 70 MB for nothing."""
-    return nn.Embedding(rows, dim, _weight=torch.empty(rows, dim))
-
-
-def still_fused(fused: tuple | None, *linears: nn.Linear) -> bool:
-    """Whether ``fused`` still backs the linears' weights (reassigning one undoes the fusion)."""
-    if fused is None:
-        return False
-    ptr, row_bytes = fused[0].data_ptr(), fused[0].stride(0) * fused[0].element_size()
-    for lin in linears:
-        if lin.weight.data_ptr() != ptr:
-            return False
-        ptr += lin.out_features * row_bytes
-    return True
 
 
 class RMSNorm(nn.Module):
@@ -188,48 +116,30 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class Attention(nn.Module):
-    """Follows transformers' ``LlamaAttention`` (GQA, RoPE, causal)."""
-
-    fused_linears = ("q_proj", "k_proj", "v_proj")
+    """Follows transformers' ``LlamaAttention`` (GQA, RoPE, causal), with q/k/v as one matmul."""
 
     def __init__(self, cfg: TextConfig, layer: int) -> None:
         super().__init__()
         self.layer = layer
         self.n_heads, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        bias = cfg.attention_bias
-        self.q_proj = nn.Linear(cfg.hidden_size, self.n_heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.n_heads * self.head_dim, cfg.hidden_size, bias=bias)
-        self.qkv: tuple | None = None  # (weight, bias) fused by fuse(); not part of the state dict
-
-    def fuse(self) -> None:
-        self.qkv = fuse_linears(*(getattr(self, name) for name in self.fused_linears))
-
-    def _heads(self, x: torch.Tensor, rope: tuple) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(B, T, D) -> q (B, H, T, hd), k and v (B, Hkv, T, hd), RoPE applied to q and k."""
-        b, t, _ = x.shape
-        h, kv, hd = self.n_heads, self.n_kv, self.head_dim
-        if still_fused(self.qkv, self.q_proj, self.k_proj, self.v_proj):
-            qkv = linear(x, *self.qkv).view(b, t, h + 2 * kv, hd)  # (B, T, H + 2 Hkv, hd)
-            # q and k sit side by side, so one RoPE call covers both (elementwise: same bits).
-            q, k = apply_rope(qkv[:, :, : h + kv].transpose(1, 2), *rope).split([h, kv], dim=1)
-            return q, k, qkv[:, :, h + kv :].transpose(1, 2)
-        q = self.q_proj(x).view(b, t, h, hd).transpose(1, 2)  # (B, H, T, hd)
-        k = self.k_proj(x).view(b, t, kv, hd).transpose(1, 2)  # (B, Hkv, T, hd)
-        v = self.v_proj(x).view(b, t, kv, hd).transpose(1, 2)  # (B, Hkv, T, hd)
-        return apply_rope(q, *rope), apply_rope(k, *rope), v
+        q_size, kv_size = self.n_heads * self.head_dim, self.n_kv * self.head_dim
+        self.qkv = FusedLinear(cfg.hidden_size, (q_size, kv_size, kv_size), bias=cfg.attention_bias)
+        self.o_proj = Linear(q_size, cfg.hidden_size, bias=cfg.attention_bias)
 
     def forward(
         self, x: torch.Tensor, rope: tuple, pos: torch.Tensor | slice, cache: KVCache | None, end: int
     ) -> torch.Tensor:
         b, t, _ = x.shape
-        q, k, v = self._heads(x, rope)
+        h, kv, hd = self.n_heads, self.n_kv, self.head_dim
+        qkv = self.qkv(x).view(b, t, h + 2 * kv, hd)  # (B, T, H + 2 Hkv, hd)
+        # q and k sit side by side, so one RoPE call covers both (elementwise: same bits).
+        q, k = apply_rope(qkv[:, :, : h + kv].transpose(1, 2), *rope).split([h, kv], dim=1)  # (B, H | Hkv, T, hd)
+        v = qkv[:, :, h + kv :].transpose(1, 2)  # (B, Hkv, T, hd)
         if cache is not None:
             k, v = cache.update(self.layer, pos, k, v, end)  # (B, Hkv, end, hd)
         y = self._attend(q, k, v)
         y = y.transpose(1, 2).reshape(b, t, -1)  # (B, T, H*hd)
-        return linear(y, self.o_proj.weight, self.o_proj.bias)
+        return self.o_proj(y)
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         t, end = q.shape[2], k.shape[2]
@@ -245,27 +155,17 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """Follows transformers' ``LlamaMLP``: down(silu(gate(x)) * up(x))."""
-
-    fused_linears = ("gate_proj", "up_proj")
+    """Follows transformers' ``LlamaMLP``: down(silu(gate(x)) * up(x)), with gate/up as one matmul."""
 
     def __init__(self, cfg: TextConfig) -> None:
         super().__init__()
-        bias = cfg.mlp_bias
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=bias)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=bias)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=bias)
-        self.gate_up: tuple | None = None  # (weight, bias) fused by fuse(); not part of the state dict
-
-    def fuse(self) -> None:
-        self.gate_up = fuse_linears(*(getattr(self, name) for name in self.fused_linears))
+        size = cfg.intermediate_size
+        self.gate_up = FusedLinear(cfg.hidden_size, (size, size), bias=cfg.mlp_bias)
+        self.down_proj = Linear(size, cfg.hidden_size, bias=cfg.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if still_fused(self.gate_up, self.gate_proj, self.up_proj):
-            gate, up = linear(x, *self.gate_up).chunk(2, dim=-1)  # (B, T, I) each
-        else:
-            gate, up = self.gate_proj(x), self.up_proj(x)
-        return linear(F.silu(gate) * up, self.down_proj.weight, self.down_proj.bias)
+        gate, up = self.gate_up(x).chunk(2, dim=-1)  # (B, T, I) each
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -291,6 +191,7 @@ class TextModel(nn.Module):
     ``cache=None`` recomputes attention over the given tokens only (they must start at 0);
     with a cache, the tokens' keys/values are written at ``pos`` and attend to everything before.
     ``last_only`` projects only the final position to the vocabulary (all generation needs).
+    The tower keeps one cache for generation (``reserve_cache``), reused from request to request.
     """
 
     def __init__(self, cfg: TextConfig, tie_word_embeddings: bool) -> None:
@@ -299,17 +200,11 @@ class TextModel(nn.Module):
         self.embed_tokens = embedding_table(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self.tied = tie_word_embeddings
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.rope: RopeTable | None = None  # built on first use (the weights decide dtype and device)
-
-    def fuse(self) -> None:
-        """One matmul for q/k/v and one for gate/up in every layer (see ``fuse_linears``)."""
-        for layer in self.layers:
-            layer.self_attn.fuse()
-            layer.mlp.fuse()
+        self.cache: KVCache | None = None  # allocated by the first reserve_cache
 
     def forward(
         self, x: torch.Tensor, pos: torch.Tensor, cache: KVCache | None = None, *, last_only: bool = False
@@ -324,7 +219,7 @@ class TextModel(nn.Module):
             x = layer(x, rope, slot, cache, end)
         if last_only:
             x = x[:, -1:]  # (B, 1, D)
-        return linear(self.norm(x), self.lm_head.weight)
+        return self.lm_head(self.norm(x))
 
     def _rope_rows(self, start: int, end: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.rope is None or not self.rope.fits(end, x.dtype, x.device):
@@ -333,5 +228,20 @@ class TextModel(nn.Module):
         return self.rope.rows(start, end)
 
     def new_cache(self, batch: int, max_len: int) -> KVCache:
+        """A cache of its own for the caller (the tower's own one is ``reserve_cache``'s)."""
         w = self.embed_tokens.weight
         return KVCache(self.cfg, batch, max_len, w.dtype, w.device)
+
+    def reserve_cache(self, batch: int, length: int) -> KVCache:
+        """The tower's cache, with room for ``length`` positions of ``batch`` sequences.
+
+        Allocated on first use and replaced only when a request does not fit, by one rounded up to
+        ``CACHE_STEP`` positions (at most the context), so a worker decoding window after window
+        allocates it once or twice. Earlier contents are never read: attention sees ``[:end]``,
+        which a request writes before it reads.
+        """
+        w = self.embed_tokens.weight
+        if self.cache is None or not self.cache.fits(batch, length, w.dtype, w.device):
+            size = min(-(-length // CACHE_STEP) * CACHE_STEP, self.cfg.max_position_embeddings)
+            self.cache = self.new_cache(batch, max(size, length))
+        return self.cache

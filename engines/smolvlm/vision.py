@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import VisionConfig
-from .text import embedding_table, fuse_linears, still_fused
+from .layers import FusedLinear, embedding_table
 
 
 def patch_mask(pixel_attention_mask: torch.Tensor, patch_size: int) -> torch.Tensor:
@@ -63,30 +63,19 @@ class VisionEmbeddings(nn.Module):
 
 
 class VisionAttention(nn.Module):
-    """Follows transformers' ``Idefics3VisionAttention`` (SigLIP): bidirectional, biased projections."""
-
-    fused_linears = ("q_proj", "k_proj", "v_proj")
+    """Follows transformers' ``Idefics3VisionAttention`` (SigLIP): bidirectional, biased
+    projections, q/k/v as one matmul."""
 
     def __init__(self, cfg: VisionConfig) -> None:
         super().__init__()
         d = cfg.hidden_size
         self.n_heads, self.head_dim = cfg.num_attention_heads, cfg.head_dim
-        self.q_proj = nn.Linear(d, d)
-        self.k_proj = nn.Linear(d, d)
-        self.v_proj = nn.Linear(d, d)
+        self.qkv = FusedLinear(d, (d, d, d), bias=True)
         self.out_proj = nn.Linear(d, d)
-        self.qkv: tuple | None = None  # (weight, bias) fused by fuse(); not part of the state dict
-
-    def fuse(self) -> None:
-        """q/k/v as one matmul (bit-identical: see ``text.fuse_linears``)."""
-        self.qkv = fuse_linears(*(getattr(self, name) for name in self.fused_linears))
 
     def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
         n, t, _ = x.shape
-        if still_fused(self.qkv, self.q_proj, self.k_proj, self.v_proj):
-            q, k, v = F.linear(x, *self.qkv).chunk(3, dim=-1)  # (N, T, D) each
-        else:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q, k, v = self.qkv(x).chunk(3, dim=-1)  # (N, T, D) each
         q = q.view(n, t, self.n_heads, self.head_dim).transpose(1, 2)  # (N, H, T, hd)
         k = k.view(n, t, self.n_heads, self.head_dim).transpose(1, 2)  # (N, H, T, hd)
         v = v.view(n, t, self.n_heads, self.head_dim).transpose(1, 2)  # (N, H, T, hd)
@@ -129,10 +118,6 @@ class VisionTransformer(nn.Module):
         self.embeddings = VisionEmbeddings(cfg)
         self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
         self.post_layernorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
-
-    def fuse(self) -> None:
-        for layer in self.layers:
-            layer.self_attn.fuse()
 
     def forward(self, pixels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Tile by tile: a tile's features depend on that tile alone, and one at a time they come

@@ -2,14 +2,17 @@
 
 Safetensors only (never pickle), memory-mapped through ``safe_open``; the module is built on
 the meta device and each parameter is assigned the checkpoint tensor (cast to the requested
-dtype / device), so no random init runs and no second copy is made for float32 on CPU.
+dtype / device), so no random init runs and no second copy is made for float32 on CPU. A fused
+parameter (``layers.FusedLinear``: q/k/v, gate/up) is one buffer that its checkpoint tensors
+are read into, each at its rows: fusing is part of reading, with no copy after it.
 
 Checkpoint names are mapped by one table, ``WEIGHT_NAMES``, with ``{}`` for the layer index.
 These are the names of the hub checkpoint (saved by transformers 4.46) and also exactly what
 transformers 5.24's ``Idefics3ForConditionalGeneration.save_pretrained`` writes (it has no key
 conversion for Idefics3; checked by ``tests/test_smolvlm_config.py``). Both directions are
-checked: every tensor in the files must map to a parameter, every parameter must be filled,
-shapes must agree; otherwise :class:`ModelError` names the tensor and the file.
+checked: every tensor in the files must map to a parameter, every parameter (every part of a
+fused one) must be filled, shapes must agree; otherwise :class:`ModelError` names the tensor
+and the file.
 """
 
 from __future__ import annotations
@@ -17,32 +20,35 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
 from ffai.errors import ModelError
 
 from .config import ModelConfig
+from .layers import FusedLinear
 from .model import PARTS, Idefics3
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 TIED_HEAD = "lm_head.weight"
 
-# checkpoint name -> module name; "{}" is a layer index. Biases a config turns off are simply
-# absent from the module, so a checkpoint that has them fails the "every tensor used" check.
+# checkpoint name -> module name; "{}" is a layer index, "[i]" the i-th part of a fused parameter
+# (its i-th block of rows). Biases a config turns off are simply absent from the module, so a
+# checkpoint that has them fails the "every tensor used" check.
 WEIGHT_NAMES: dict[str, str] = {
     "model.vision_model.embeddings.patch_embedding.weight": "vision.embeddings.patch_embedding.weight",
     "model.vision_model.embeddings.patch_embedding.bias": "vision.embeddings.patch_embedding.bias",
     "model.vision_model.embeddings.position_embedding.weight": "vision.embeddings.position_embedding.weight",
     "model.vision_model.encoder.layers.{}.layer_norm1.weight": "vision.layers.{}.layer_norm1.weight",
     "model.vision_model.encoder.layers.{}.layer_norm1.bias": "vision.layers.{}.layer_norm1.bias",
-    "model.vision_model.encoder.layers.{}.self_attn.q_proj.weight": "vision.layers.{}.self_attn.q_proj.weight",
-    "model.vision_model.encoder.layers.{}.self_attn.q_proj.bias": "vision.layers.{}.self_attn.q_proj.bias",
-    "model.vision_model.encoder.layers.{}.self_attn.k_proj.weight": "vision.layers.{}.self_attn.k_proj.weight",
-    "model.vision_model.encoder.layers.{}.self_attn.k_proj.bias": "vision.layers.{}.self_attn.k_proj.bias",
-    "model.vision_model.encoder.layers.{}.self_attn.v_proj.weight": "vision.layers.{}.self_attn.v_proj.weight",
-    "model.vision_model.encoder.layers.{}.self_attn.v_proj.bias": "vision.layers.{}.self_attn.v_proj.bias",
+    "model.vision_model.encoder.layers.{}.self_attn.q_proj.weight": "vision.layers.{}.self_attn.qkv.weight[0]",
+    "model.vision_model.encoder.layers.{}.self_attn.q_proj.bias": "vision.layers.{}.self_attn.qkv.bias[0]",
+    "model.vision_model.encoder.layers.{}.self_attn.k_proj.weight": "vision.layers.{}.self_attn.qkv.weight[1]",
+    "model.vision_model.encoder.layers.{}.self_attn.k_proj.bias": "vision.layers.{}.self_attn.qkv.bias[1]",
+    "model.vision_model.encoder.layers.{}.self_attn.v_proj.weight": "vision.layers.{}.self_attn.qkv.weight[2]",
+    "model.vision_model.encoder.layers.{}.self_attn.v_proj.bias": "vision.layers.{}.self_attn.qkv.bias[2]",
     "model.vision_model.encoder.layers.{}.self_attn.out_proj.weight": "vision.layers.{}.self_attn.out_proj.weight",
     "model.vision_model.encoder.layers.{}.self_attn.out_proj.bias": "vision.layers.{}.self_attn.out_proj.bias",
     "model.vision_model.encoder.layers.{}.layer_norm2.weight": "vision.layers.{}.layer_norm2.weight",
@@ -56,19 +62,19 @@ WEIGHT_NAMES: dict[str, str] = {
     "model.connector.modality_projection.proj.weight": "connector.modality_projection.proj.weight",
     "model.text_model.embed_tokens.weight": "text.embed_tokens.weight",
     "model.text_model.layers.{}.input_layernorm.weight": "text.layers.{}.input_layernorm.weight",
-    "model.text_model.layers.{}.self_attn.q_proj.weight": "text.layers.{}.self_attn.q_proj.weight",
-    "model.text_model.layers.{}.self_attn.q_proj.bias": "text.layers.{}.self_attn.q_proj.bias",
-    "model.text_model.layers.{}.self_attn.k_proj.weight": "text.layers.{}.self_attn.k_proj.weight",
-    "model.text_model.layers.{}.self_attn.k_proj.bias": "text.layers.{}.self_attn.k_proj.bias",
-    "model.text_model.layers.{}.self_attn.v_proj.weight": "text.layers.{}.self_attn.v_proj.weight",
-    "model.text_model.layers.{}.self_attn.v_proj.bias": "text.layers.{}.self_attn.v_proj.bias",
+    "model.text_model.layers.{}.self_attn.q_proj.weight": "text.layers.{}.self_attn.qkv.weight[0]",
+    "model.text_model.layers.{}.self_attn.q_proj.bias": "text.layers.{}.self_attn.qkv.bias[0]",
+    "model.text_model.layers.{}.self_attn.k_proj.weight": "text.layers.{}.self_attn.qkv.weight[1]",
+    "model.text_model.layers.{}.self_attn.k_proj.bias": "text.layers.{}.self_attn.qkv.bias[1]",
+    "model.text_model.layers.{}.self_attn.v_proj.weight": "text.layers.{}.self_attn.qkv.weight[2]",
+    "model.text_model.layers.{}.self_attn.v_proj.bias": "text.layers.{}.self_attn.qkv.bias[2]",
     "model.text_model.layers.{}.self_attn.o_proj.weight": "text.layers.{}.self_attn.o_proj.weight",
     "model.text_model.layers.{}.self_attn.o_proj.bias": "text.layers.{}.self_attn.o_proj.bias",
     "model.text_model.layers.{}.post_attention_layernorm.weight": "text.layers.{}.post_attention_layernorm.weight",
-    "model.text_model.layers.{}.mlp.gate_proj.weight": "text.layers.{}.mlp.gate_proj.weight",
-    "model.text_model.layers.{}.mlp.gate_proj.bias": "text.layers.{}.mlp.gate_proj.bias",
-    "model.text_model.layers.{}.mlp.up_proj.weight": "text.layers.{}.mlp.up_proj.weight",
-    "model.text_model.layers.{}.mlp.up_proj.bias": "text.layers.{}.mlp.up_proj.bias",
+    "model.text_model.layers.{}.mlp.gate_proj.weight": "text.layers.{}.mlp.gate_up.weight[0]",
+    "model.text_model.layers.{}.mlp.gate_proj.bias": "text.layers.{}.mlp.gate_up.bias[0]",
+    "model.text_model.layers.{}.mlp.up_proj.weight": "text.layers.{}.mlp.gate_up.weight[1]",
+    "model.text_model.layers.{}.mlp.up_proj.bias": "text.layers.{}.mlp.gate_up.bias[1]",
     "model.text_model.layers.{}.mlp.down_proj.weight": "text.layers.{}.mlp.down_proj.weight",
     "model.text_model.layers.{}.mlp.down_proj.bias": "text.layers.{}.mlp.down_proj.bias",
     "model.text_model.norm.weight": "text.norm.weight",
@@ -123,33 +129,53 @@ def weight_files(model_dir: Path) -> list[Path]:
     raise ModelError(f"{model_dir}: no {SINGLE_FILE} or {INDEX_FILE}{hint}")
 
 
-class _Filler:
+class Slot(NamedTuple):
+    """Where one checkpoint tensor goes: a parameter, or a block of its rows (``rows``)."""
+
+    param: str
+    rows: slice | None  # None: the whole parameter
+    shape: tuple[int, ...]  # the checkpoint tensor's shape
+
+
+def slots(model: Idefics3) -> dict[str, Slot]:
+    """Every tensor a checkpoint must hold for ``model``, by module name (the table's values):
+    a parameter of its own, or for a :class:`FusedLinear` each part as ``name[i]``."""
+    out = {}
+    # named_parameters lists a tied head once, as the embedding.
+    for name, param in model.named_parameters():
+        module = model.get_submodule(name.rpartition(".")[0])
+        if isinstance(module, FusedLinear):
+            for i, rows in enumerate(module.part_rows()):
+                out[f"{name}[{i}]"] = Slot(name, rows, (rows.stop - rows.start, *param.shape[1:]))
+        else:
+            out[name] = Slot(name, None, tuple(param.shape))
+    return out
+
+
+def model_tensor(model: Idefics3, checkpoint_tensor: str) -> torch.Tensor:
+    """The model's copy of a checkpoint tensor: its parameter, or its rows of a fused one."""
+    slot = slots(model)[module_name(checkpoint_tensor)]
+    param = model.get_parameter(slot.param)
+    return param if slot.rows is None else param[slot.rows]
+
+
+class _Reader:
     """Reads checkpoint files into a state dict for one model, checking names and shapes.
 
-    ``params`` are every parameter of the full model (shapes, on the meta device): each tensor is
-    checked against them, and only those named in ``wanted`` are read into memory. Tensors of a
-    fusion group (``Idefics3.fusion_groups``) are read from the file straight into one buffer per
-    group, back to back, so fusing copies nothing; every other tensor stays a view of the
-    memory-mapped file (pages are read when first used, and only those used: an embedding row).
-    Reading a group's tensors through the map instead would leave their pages resident in this
-    process beside the fused copy: about 350 MB twice over for SmolVLM-256M. For the same
-    reason a tensor cast to another dtype (``--dtype bfloat16``) is read, not mapped.
+    ``expected`` are the slots of the full model: each tensor is checked against them, and only
+    those filling a parameter in ``wanted`` are read into memory. The parts of a fused parameter
+    are read from the file straight into their rows of one buffer, so nothing is concatenated
+    afterwards; every other tensor stays a view of the memory-mapped file (pages are read when
+    first used, and only those used: an embedding row). Reading a part through the map instead
+    would leave its pages resident in this process beside the fused buffer: the q/k/v and
+    gate/up weights, most of the model, twice over. For the same reason a tensor cast to
+    another dtype (``--dtype bfloat16``) is read, not mapped.
     """
 
-    def __init__(self, params: dict, wanted: set, dtype: torch.dtype, device, tied: bool, groups=()) -> None:
-        self.params, self.wanted, self.dtype, self.device, self.tied = params, wanted, dtype, device, tied
+    def __init__(self, expected: dict[str, Slot], wanted: dict[str, torch.Tensor], dtype, device, tied: bool) -> None:
+        self.expected, self.wanted, self.dtype, self.device, self.tied = expected, wanted, dtype, device, tied
         self.state: dict[str, torch.Tensor] = {}
         self.seen: set[str] = set()
-        self.slots: dict[str, torch.Tensor] = {}  # parameter -> its rows in its group's buffer
-        for group in groups:
-            if not set(group) <= wanted:
-                continue
-            shapes = [tuple(params[name].shape) for name in group]
-            buffer = torch.empty((sum(s[0] for s in shapes), *shapes[0][1:]), dtype=dtype, device=device)
-            start = 0
-            for name, shape in zip(group, shapes):
-                self.slots[name] = buffer[start : start + shape[0]]
-                start += shape[0]
 
     def read(self, path: Path) -> None:
         from safetensors import SafetensorError, safe_open
@@ -166,24 +192,31 @@ class _Filler:
         if self.tied and name == TIED_HEAD:
             return  # the head is the embedding matrix; a stored copy is redundant
         target = module_name(name)
-        if target is None or target not in self.params:
+        if target is None or target not in self.expected:
             raise ModelError(f"{path}: tensor {name} has no place in the model (unexpected tensor)")
         if target in self.seen:
             raise ModelError(f"{path}: tensor {name} appears twice in the checkpoint")
         self.seen.add(target)
-        expected = tuple(self.params[target].shape)
+        slot = self.expected[target]
         found = tuple(f.get_slice(name).get_shape())
-        if found != expected:
-            raise ModelError(f"{path}: tensor {name} has shape {list(found)}, expected {list(expected)}")
-        if target in self.slots:
-            self.state[target] = header.read_into(name, self.slots[target], f)
-        elif target in self.wanted and header.stored_as(name, self.dtype) and torch.device(self.device).type == "cpu":
-            self.state[target] = f.get_tensor(name)  # a view of the map: pages read when used
-        elif target in self.wanted:  # cast or moved: read, not mapped, so no page stays behind
-            self.state[target] = header.read_into(name, torch.empty(expected, dtype=self.dtype, device=self.device), f)
+        if found != slot.shape:
+            raise ModelError(f"{path}: tensor {name} has shape {list(found)}, expected {list(slot.shape)}")
+        if slot.param not in self.wanted:
+            return
+        if slot.rows is not None:
+            if slot.param not in self.state:
+                self.state[slot.param] = self._empty(self.wanted[slot.param].shape)
+            header.read_into(name, self.state[slot.param][slot.rows], f)
+        elif header.stored_as(name, self.dtype) and torch.device(self.device).type == "cpu":
+            self.state[slot.param] = f.get_tensor(name)  # a view of the map: pages read when used
+        else:  # cast or moved: read, not mapped, so no page stays behind
+            self.state[slot.param] = header.read_into(name, self._empty(slot.shape), f)
+
+    def _empty(self, shape) -> torch.Tensor:
+        return torch.empty(shape, dtype=self.dtype, device=self.device)
 
     def missing(self) -> list[str]:
-        return [checkpoint_name(name) or name for name in self.params if name not in self.seen]
+        return [checkpoint_name(target) or target for target in self.expected if target not in self.seen]
 
 
 _FILE_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
@@ -233,16 +266,14 @@ def load_model(
     with torch.device("meta"):
         full = Idefics3(cfg)
         model = Idefics3(cfg, parts)
-    # named_parameters lists a tied head once, as the embedding.
-    wanted = {name for name, _ in model.named_parameters()}
-    filler = _Filler(dict(full.named_parameters()), wanted, dtype, device, cfg.tie_word_embeddings, model.fusion_groups())
+    reader = _Reader(slots(full), dict(model.named_parameters()), dtype, device, cfg.tie_word_embeddings)
     for path in weight_files(model_dir):
-        filler.read(path)
-    missing = filler.missing()
+        reader.read(path)
+    missing = reader.missing()
     if missing:
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
         raise ModelError(f"{model_dir}: checkpoint is missing tensor(s) {shown}")
-    state = filler.state
+    state = reader.state
     tie = cfg.tie_word_embeddings and "text" in model.parts
     if tie:
         state["text.lm_head.weight"] = state["text.embed_tokens.weight"]
