@@ -1,6 +1,8 @@
 """Write every sample clip (ffai.bench.sample_media) into a folder, one line per clip: name, path.
 
     python scripts/make_sample_media.py OUTDIR
+
+The clips are the ones the tests write for themselves, gathered to look at or to try by hand.
 """
 
 from __future__ import annotations
