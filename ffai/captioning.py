@@ -82,7 +82,9 @@ def placement(choice: str, *, cores: int, video: bool) -> str:
     return "workers" if video and cores > SHARED_PROCESS_MAX_CORES else "inline"
 
 
-def pipeline_config(stages: Sequence[StageSpec], model_dir: Path, runtime: RuntimeOptions, cores: int) -> PipelineConfig:
+def pipeline_config(
+    stages: Sequence[StageSpec], model_dir: Path, runtime: RuntimeOptions, cores: int
+) -> PipelineConfig:
     """The engine's stages as a linear pipeline. On many cores each of the engine's processes
     gets its share of them, so that stages running side by side do not oversubscribe the
     machine; on ``SHARED_PROCESS_MAX_CORES`` or fewer all stages share one process and take
@@ -185,7 +187,9 @@ class Captioner:
         next_index = 0
 
         def requests() -> Iterator[tuple[int, DescribeRequest]]:
-            windows = make_windows(self._frames(info, progress), self.options.window, self.options.fps, clip_end=info.duration)
+            windows = make_windows(
+                self._frames(info, progress), self.options.window, self.options.fps, clip_end=info.duration
+            )
             for window in windows:
                 timing[window.index] = Cue.from_window(window, "")
                 images = tuple(frame.image for frame in window.frames)

@@ -56,7 +56,9 @@ def _version(value: bool) -> None:
 def _main(
     verbose: Verbose = False,
     quiet: Quiet = False,
-    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")] = False,
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")
+    ] = False,
 ) -> None:
     _State.verbose = verbose
     _State.quiet = quiet
@@ -148,8 +150,14 @@ def models_pull(name: ModelName) -> None:
     manifest = _manifest(name)
     if not manifest.hf_repo:
         raise UsageError(f"{name} ships with ffai; there is nothing to download")
-    bar = RichProgress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                       console=Console(stderr=True), disable=not sys.stderr.isatty() or _State.quiet)
+    bar = RichProgress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        console=Console(stderr=True),
+        disable=not sys.stderr.isatty() or _State.quiet,
+    )
     tasks: dict[str, int] = {}
 
     def progress(path: str, done: int, total: int) -> None:
@@ -178,8 +186,15 @@ def models_verify(name: ModelName) -> None:
 @app.command()
 def caption(
     inputs: Annotated[List[str], typer.Option("-i", "--input", help="Image or video (repeatable).")],
-    output: Annotated[Optional[str], typer.Option("-o", "--output", help="Track file, '-' for stdout; with several inputs a pattern such as '{stem}.srt'.")] = None,
-    fmt: Annotated[Optional[str], typer.Option("-f", "--format", help="srt, vtt, json, jsonl or txt (default: from -o, else txt).")] = None,
+    output: Annotated[
+        Optional[str],
+        typer.Option(
+            "-o", "--output", help="Track file, '-' for stdout; with several inputs a pattern such as '{stem}.srt'."
+        ),
+    ] = None,
+    fmt: Annotated[
+        Optional[str], typer.Option("-f", "--format", help="srt, vtt, json, jsonl or txt (default: from -o, else txt).")
+    ] = None,
     fps: Annotated[float, typer.Option("--fps", help="Frames sampled per second of video.")] = 1.0,
     window: Annotated[int, typer.Option("--window", help="Consecutive samples captioned together as one cue.")] = 8,
     start: Annotated[float, typer.Option("-ss", help="Start at this many seconds.")] = 0.0,
@@ -195,12 +210,26 @@ def caption(
     top_k: Annotated[int, typer.Option("--top-k", help="Sample among the k most likely tokens (0: all).")] = 0,
     dtype: Annotated[str, typer.Option("--dtype", help="float32 or bfloat16.")] = "float32",
     device: Annotated[str, typer.Option("--device", help="cpu, cuda or auto.")] = "auto",
-    threads: Annotated[Optional[int], typer.Option("--threads", help="Torch threads per process running stages (default: the cores shared out).")] = None,
-    placement: Annotated[str, typer.Option("--placement", help="Where the model runs: auto, inline (this process) or workers (worker processes); auto: workers for video on more than 2 cores.")] = "auto",
+    threads: Annotated[
+        Optional[int],
+        typer.Option("--threads", help="Torch threads per process running stages (default: the cores shared out)."),
+    ] = None,
+    placement: Annotated[
+        str,
+        typer.Option(
+            "--placement",
+            help="Where the model runs: auto, inline (this process) or workers (worker processes); auto: workers for video on more than 2 cores.",
+        ),
+    ] = "auto",
     max_in_flight: Annotated[int, typer.Option("--max-in-flight", help="Windows in the pipeline at once.")] = 2,
     overwrite: Annotated[bool, typer.Option("-y", help="Overwrite existing outputs.")] = False,
-    never_overwrite: Annotated[bool, typer.Option("-n", help="Never overwrite existing outputs (the default).")] = False,
-    progress: Annotated[Optional[bool], typer.Option("--progress/--no-progress", help="Progress bar on stderr (default: when stderr is a terminal).")] = None,
+    never_overwrite: Annotated[
+        bool, typer.Option("-n", help="Never overwrite existing outputs (the default).")
+    ] = False,
+    progress: Annotated[
+        Optional[bool],
+        typer.Option("--progress/--no-progress", help="Progress bar on stderr (default: when stderr is a terminal)."),
+    ] = None,
     verbose: Verbose = False,
     quiet: Quiet = False,
 ) -> None:
@@ -235,7 +264,14 @@ def caption(
     )
     show_progress = sys.stderr.isatty() if progress is None else progress
     failed = jobs.run_caption_jobs(
-        inputs, output, fmt, options, overwrite=overwrite, progress=show_progress and not _State.quiet, warn=warn, error=error
+        inputs,
+        output,
+        fmt,
+        options,
+        overwrite=overwrite,
+        progress=show_progress and not _State.quiet,
+        warn=warn,
+        error=error,
     )
     if failed:
         raise typer.Exit(1)

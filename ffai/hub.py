@@ -169,7 +169,9 @@ def _download(url: str, file: ModelFile, blob: Path, report: Progress) -> str | 
     found = digest.hexdigest()
     if found != file.sha256:
         part.unlink()
-        raise ModelError(f"{file.path}: sha256 mismatch (expected {file.sha256}, found {found}); the download was deleted")
+        raise ModelError(
+            f"{file.path}: sha256 mismatch (expected {file.sha256}, found {found}); the download was deleted"
+        )
     os.replace(part, blob)
     return commit
 
@@ -213,7 +215,11 @@ class _Redirects(urllib.request.HTTPRedirectHandler):
         self.commit = self.commit or _commit(headers.get("X-Repo-Commit"))
         new = super().redirect_request(req, fp, code, msg, headers, newurl)
         token = req.unredirected_hdrs.get("Authorization")
-        if new is not None and token and urllib.parse.urlsplit(newurl).netloc == urllib.parse.urlsplit(req.full_url).netloc:
+        if (
+            new is not None
+            and token
+            and urllib.parse.urlsplit(newurl).netloc == urllib.parse.urlsplit(req.full_url).netloc
+        ):
             new.add_unredirected_header("Authorization", token)
         return new
 

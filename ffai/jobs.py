@@ -93,7 +93,14 @@ def run_caption_jobs(
 
 
 def _run_one(
-    captioner: Captioner, job: Job, info: media.MediaInfo, options: CaptionOptions, *, overwrite: bool, progress: bool, warn
+    captioner: Captioner,
+    job: Job,
+    info: media.MediaInfo,
+    options: CaptionOptions,
+    *,
+    overwrite: bool,
+    progress: bool,
+    warn,
 ) -> None:
     d = options.decoding
     header = TrackHeader(

@@ -280,9 +280,7 @@ def _origin(stream: av.video.stream.VideoStream) -> int:
     return stream.start_time if stream.start_time is not None else 0
 
 
-def _duration(
-    container: av.container.InputContainer, stream: av.video.stream.VideoStream
-) -> float | None:
+def _duration(container: av.container.InputContainer, stream: av.video.stream.VideoStream) -> float | None:
     if stream.duration is not None and stream.time_base is not None:
         return float(stream.duration * stream.time_base)
     if container.duration is not None:
@@ -334,9 +332,7 @@ class _BestEffortPts:
         return dts
 
 
-def _frame_time(
-    pts: int | None, stream: av.video.stream.VideoStream, origin: int, previous: float | None
-) -> float:
+def _frame_time(pts: int | None, stream: av.video.stream.VideoStream, origin: int, previous: float | None) -> float:
     if pts is not None:
         return float((pts - origin) * stream.time_base)
     # No timestamps at all (a raw elementary stream): step by the nominal frame rate.
@@ -433,9 +429,7 @@ def _positioned(
     yield from _decode(file, container, stream, origin)
 
 
-def _sample(
-    file: Path, fps: float, start: float, duration: float | None, max_frames: int | None
-) -> Iterator[Frame]:
+def _sample(file: Path, fps: float, start: float, duration: float | None, max_frames: int | None) -> Iterator[Frame]:
     with _open_still(file) as image:
         is_still = image is not None
     if is_still:

@@ -188,7 +188,7 @@ class VttFormat(_SubtitleFormat):
         # block, so header + blocks is byte for byte what webvtt-py writes for all captions
         document = webvtt.WebVTT(captions=[caption]).content
         assert document.startswith(self.head), document
-        return document[len(self.head):]
+        return document[len(self.head) :]
 
 
 class JsonlFormat(TrackFormat):
@@ -407,7 +407,7 @@ def _write_all(file: IO[bytes], data: bytes) -> None:
     """Unbuffered, so a failed write leaves nothing pending that a later close would flush."""
     view = memoryview(data)
     while view:
-        view = view[file.write(view):]
+        view = view[file.write(view) :]
 
 
 def _remove_quietly(path: str) -> None:

@@ -74,7 +74,10 @@ def step(tower, xs: list, seqs: list, schedule: str) -> list:
     if schedule == "serial":  # the engine's own forward, one sequence after another
         return [tower(x, torch.tensor([seq["pos"]]), seq["cache"]) for x, seq in zip(xs, seqs)]
     for seq in seqs:
-        seq["rope"], seq["slot"] = tower._rope_rows(seq["pos"], seq["pos"] + 1, xs[0]), slice(seq["pos"], seq["pos"] + 1)
+        seq["rope"], seq["slot"] = (
+            tower._rope_rows(seq["pos"], seq["pos"] + 1, xs[0]),
+            slice(seq["pos"], seq["pos"] + 1),
+        )
         seq["end"] = seq["pos"] + 1
     for layer in tower.layers:
         xs = layer_step(layer, xs, seqs, schedule)
@@ -125,7 +128,9 @@ def main() -> int:
                 same = all(torch.equal(a, c) for a, c in zip(logits[schedule], logits["serial"]))
                 agree = all(int(a.argmax()) == int(c.argmax()) for a, c in zip(logits[schedule], logits["serial"]))
                 verdict = "bit-identical" if same else f"differ (argmax {'agrees' if agree else 'DIFFERS'})"
-                print(f"{b:>3}{schedule:>13}{times[schedule] * 1e3:>10.1f}{times[schedule] / times['serial']:>10.2f}x  {verdict}")
+                print(
+                    f"{b:>3}{schedule:>13}{times[schedule] * 1e3:>10.1f}{times[schedule] / times['serial']:>10.2f}x  {verdict}"
+                )
     return 0
 
 

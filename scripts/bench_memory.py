@@ -38,16 +38,34 @@ def main() -> int:
         for seconds in args.seconds:
             clip = make_clip(Path(tmp) / f"clip{seconds:.0f}.mp4", seconds, fps=25, size=(width, height))
             out = Path(tmp) / f"clip{seconds:.0f}.srt"
-            cmd = [sys.executable, "-m", "ffai", "caption", "-i", str(clip), "--model", args.model,
-                   "--fps", str(args.fps), "--window", str(args.window), "--max-new-tokens", str(args.max_new_tokens),
-                   "-o", str(out), "--no-progress"]
+            cmd = [
+                sys.executable,
+                "-m",
+                "ffai",
+                "caption",
+                "-i",
+                str(clip),
+                "--model",
+                args.model,
+                "--fps",
+                str(args.fps),
+                "--window",
+                str(args.window),
+                "--max-new-tokens",
+                str(args.max_new_tokens),
+                "-o",
+                str(out),
+                "--no-progress",
+            ]
             proc, peak, elapsed = run_measured(cmd)
             if proc.returncode != 0:
                 print(proc.stderr, file=sys.stderr)
                 return 1
             cues = out.read_text().count(" --> ")
             results.append((seconds, peak, elapsed, cues))
-            print(f"{seconds:6.0f} s clip: {cues:4d} cues, peak RSS {peak / 2**20:7.1f} MiB (process tree), {elapsed:6.1f} s")
+            print(
+                f"{seconds:6.0f} s clip: {cues:4d} cues, peak RSS {peak / 2**20:7.1f} MiB (process tree), {elapsed:6.1f} s"
+            )
     ratio = results[1][1] / results[0][1]
     print(f"peak RSS ratio {args.seconds[1]:.0f} s / {args.seconds[0]:.0f} s: {ratio:.3f} (target <= 1.10)")
     return 0 if ratio <= 1.10 else 1

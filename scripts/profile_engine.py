@@ -54,8 +54,12 @@ class StepClock:
     def attach(self, text, vision=None, vision_last=None) -> list:
         handles = [text.register_forward_pre_hook(lambda *_: self.starts.append(time.perf_counter()))]
         if vision is not None:
-            handles.append(vision.register_forward_pre_hook(lambda *_: setattr(self, "vision_start", time.perf_counter())))
-            handles.append(vision_last.register_forward_hook(lambda *_: setattr(self, "vision_end", time.perf_counter())))
+            handles.append(
+                vision.register_forward_pre_hook(lambda *_: setattr(self, "vision_start", time.perf_counter()))
+            )
+            handles.append(
+                vision_last.register_forward_hook(lambda *_: setattr(self, "vision_end", time.perf_counter()))
+            )
         return handles
 
 
@@ -111,7 +115,7 @@ def run_reference(ref, processor, images, split: bool, n: int) -> tuple[dict, li
     t2 = time.perf_counter()
     stages = {"preprocess": t1 - t0, "vision": clock.vision_end - clock.vision_start}
     stages.update(_text_stages(clock.starts, clock.vision_end, t2, n))
-    return stages, out[0, inputs["input_ids"].shape[1]:].tolist()
+    return stages, out[0, inputs["input_ids"].shape[1] :].tolist()
 
 
 def _text_stages(starts: list[float], prefill_start: float, end: float, n: int) -> dict:
@@ -138,8 +142,11 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--model", help="checkpoint folder (default: the real-shape random test checkpoint)")
-    parser.add_argument("--reference-attention", choices=("sdpa", "eager"),
-                        help="transformers' attention implementation (default: its own choice)")
+    parser.add_argument(
+        "--reference-attention",
+        choices=("sdpa", "eager"),
+        help="transformers' attention implementation (default: its own choice)",
+    )
     args = parser.parse_args()
 
     import torch
@@ -153,8 +160,10 @@ def main() -> int:
     model = ENGINE.load(path, RuntimeOptions(threads=args.threads, device="cpu"))
     ref = checkpoints.reference_model(path, attention=args.reference_attention)
     processor = checkpoints.reference_processor(path)
-    print(f"checkpoint {path.name}, torch {torch.__version__}, {args.threads} thread(s), "
-          f"reference attention: {ref.config._attn_implementation}")
+    print(
+        f"checkpoint {path.name}, torch {torch.__version__}, {args.threads} thread(s), "
+        f"reference attention: {ref.config._attn_implementation}"
+    )
     ok = True
     for name in args.cases.split(","):
         images, split = case_images(name)

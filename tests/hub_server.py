@@ -62,7 +62,7 @@ def _handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
             hub.requests.append(Seen(self.path, dict(self.headers.items())))
             route = unquote(urlsplit(self.path).path).lstrip("/")
             if route.startswith("cdn/"):
-                self._send_file(route[len("cdn/"):])
+                self._send_file(route[len("cdn/") :])
             elif hub.redirect:
                 host = "127.0.0.1" if hub.redirect == "same" else "localhost"
                 self.send_response(302)
@@ -89,7 +89,7 @@ def _handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
                 self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
             if commit:
                 self._commit_header()
-            payload = body[start or 0:]
+            payload = body[start or 0 :]
             self.send_header("Content-Length", str(len(payload)))
             self.end_headers()
             self.wfile.write(payload[: hub.cut_after.pop(name, len(payload))])

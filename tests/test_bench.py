@@ -24,13 +24,30 @@ sys.exit(cli.run(["bench", "vlm", *sys.argv[1:]]))
 
 
 def run(arm: str, time_s: float, tokens: dict, rss: int = 100) -> dict:
-    return {"arm": arm, "time_s": time_s, "peak_rss": rss, "load_s": 1.0, "warmup_s": 0.5,
-            "torch_threads": {"main": 1}, "tokens": tokens, "transformers_imported": False}
+    return {
+        "arm": arm,
+        "time_s": time_s,
+        "peak_rss": rss,
+        "load_s": 1.0,
+        "warmup_s": 0.5,
+        "torch_threads": {"main": 1},
+        "tokens": tokens,
+        "transformers_imported": False,
+    }
 
 
 def test_schedule_alternates_the_arms_abba():
     order = [(r, arm) for case, r, arm in gates.schedule(["frame"], 4)]
-    assert [arm for _, arm in order] == ["ffai", "reference", "reference", "ffai", "ffai", "reference", "reference", "ffai"]
+    assert [arm for _, arm in order] == [
+        "ffai",
+        "reference",
+        "reference",
+        "ffai",
+        "ffai",
+        "reference",
+        "reference",
+        "ffai",
+    ]
     assert [case for case, _, _ in gates.schedule(["frame", "clip"], 1)] == ["frame", "frame", "clip", "clip"]
 
 
@@ -46,19 +63,39 @@ def test_compare_tokens_finds_the_first_mismatch():
 
 
 def test_gates_pass_fail_and_skip():
-    fast = gates.summarize_case("frame", {"ffai": [run("ffai", 1.0, {"f": [1, 2]}, rss=80)],
-                                          "reference": [run("reference", 2.0, {"f": [1, 2]}, rss=100)]}, "float32")
+    fast = gates.summarize_case(
+        "frame",
+        {
+            "ffai": [run("ffai", 1.0, {"f": [1, 2]}, rss=80)],
+            "reference": [run("reference", 2.0, {"f": [1, 2]}, rss=100)],
+        },
+        "float32",
+    )
     assert fast["speedup_median"] == 2.0 and fast["speedup_target_met"] and fast["rss_ratio"] == 0.8
     result = gates.gates([fast], None, "float32")
-    assert {k: g["status"] for k, g in result.items()} == {"correctness": "PASS", "quality": "SKIP",
-                                                           "footprint": "PASS", "speed": "PASS"}
+    assert {k: g["status"] for k, g in result.items()} == {
+        "correctness": "PASS",
+        "quality": "SKIP",
+        "footprint": "PASS",
+        "speed": "PASS",
+    }
     assert gates.passed(result)
 
-    slow = gates.summarize_case("still", {"ffai": [run("ffai", 3.0, {"s": [1, 2]}, rss=120)] * 2,
-                                          "reference": [run("reference", 2.0, {"s": [1, 3]}, rss=100)] * 2}, "float32")
+    slow = gates.summarize_case(
+        "still",
+        {
+            "ffai": [run("ffai", 3.0, {"s": [1, 2]}, rss=120)] * 2,
+            "reference": [run("reference", 2.0, {"s": [1, 3]}, rss=100)] * 2,
+        },
+        "float32",
+    )
     result = gates.gates([fast, slow], None, "float32")
-    assert {k: g["status"] for k, g in result.items()} == {"correctness": "FAIL", "quality": "SKIP",
-                                                           "footprint": "FAIL", "speed": "FAIL"}
+    assert {k: g["status"] for k, g in result.items()} == {
+        "correctness": "FAIL",
+        "quality": "SKIP",
+        "footprint": "FAIL",
+        "speed": "FAIL",
+    }
     assert "still: item s differs at token 1" in result["correctness"]["detail"]
     assert not gates.passed(result)
 
@@ -73,7 +110,10 @@ def test_gates_pass_fail_and_skip():
 def test_ffai_importing_transformers_fails_correctness():
     bad = run("ffai", 1.0, {"f": [1]}) | {"transformers_imported": True}
     record = gates.summarize_case("frame", {"ffai": [bad], "reference": [run("reference", 1.0, {"f": [1]})]}, "float32")
-    assert gates.correctness_gate([record], "float32") == {"status": "FAIL", "detail": "ffai's arm imported transformers"}
+    assert gates.correctness_gate([record], "float32") == {
+        "status": "FAIL",
+        "detail": "ffai's arm imported transformers",
+    }
 
 
 def test_place_atomically_leaves_nothing_half_written(tmp_path):
@@ -130,14 +170,21 @@ def test_missing_reference_files_are_one_line_errors(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
     # The bench without --model needs them for its default checkpoint.
-    code = f"from ffai.bench import checkpoints\ncheckpoints.REFERENCE_DIR = checkpoints.Path({str(absent)!r})\n" + RUN_CLI
-    proc = subprocess.run([sys.executable, "-c", code, "--cases", "frame", "--ledger", str(tmp_path / "l.jsonl")],
-                          capture_output=True, text=True, timeout=120)
+    code = (
+        f"from ffai.bench import checkpoints\ncheckpoints.REFERENCE_DIR = checkpoints.Path({str(absent)!r})\n" + RUN_CLI
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, "--cases", "frame", "--ledger", str(tmp_path / "l.jsonl")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         f"ffai: error: no --model given, and {absent} is missing: the random test checkpoints are built from the "
         f"real config and tokenizer files there, which ship with a source checkout only; pass --model PATH to a "
-        f"SmolVLM checkpoint"]
+        f"SmolVLM checkpoint"
+    ]
     assert not (tmp_path / "l.jsonl").exists()
 
 
@@ -152,20 +199,29 @@ def test_default_ledger_is_read_from_the_environment_when_used(tmp_path, monkeyp
 
 def test_options_are_checked_before_anything_runs(tmp_path):
     assert parse_cases("frame, clip,") == ("frame", "clip")
-    for kwargs, message in [({"repeats": 0}, "--repeats"), ({"cases": ("frame", "movie")}, "unknown case 'movie'"),
-                            ({"cases": ("frame", "frame")}, "twice"), ({"dtype": "float16"}, "--dtype"),
-                            ({"quality_corpus": tmp_path}, "questions.jsonl")]:
+    for kwargs, message in [
+        ({"repeats": 0}, "--repeats"),
+        ({"cases": ("frame", "movie")}, "unknown case 'movie'"),
+        ({"cases": ("frame", "frame")}, "twice"),
+        ({"dtype": "float16"}, "--dtype"),
+        ({"quality_corpus": tmp_path}, "questions.jsonl"),
+    ]:
         with pytest.raises(UsageError, match=message):
             BenchOptions(**kwargs)
 
 
 def test_missing_transformers_is_one_line_error(tmp_path):
     code = "import sys; sys.modules['transformers'] = None\n" + RUN_CLI
-    proc = subprocess.run([sys.executable, "-c", code, "--cases", "frame", "--ledger", str(tmp_path / "l.jsonl")],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", code, "--cases", "frame", "--ledger", str(tmp_path / "l.jsonl")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines() == [
-        "ffai: error: the reference arm needs transformers: pip install 'ffai[reference]'"]
+        "ffai: error: the reference arm needs transformers: pip install 'ffai[reference]'"
+    ]
     assert not (tmp_path / "l.jsonl").exists()
 
 
@@ -173,8 +229,20 @@ def test_missing_transformers_is_one_line_error(tmp_path):
 def test_bench_on_the_tiny_checkpoint(tiny_checkpoint, tmp_path):
     """Both arms for real (fresh processes, pipeline workers, transformers) on frame and clip."""
     ledger_file = tmp_path / "ledger.jsonl"
-    args = ["--model", str(tiny_checkpoint), "--cases", "frame,clip", "--repeats", "1", "--cores", "1",
-            "--json", "--no-fail", "--ledger", str(ledger_file)]
+    args = [
+        "--model",
+        str(tiny_checkpoint),
+        "--cases",
+        "frame,clip",
+        "--repeats",
+        "1",
+        "--cores",
+        "1",
+        "--json",
+        "--no-fail",
+        "--ledger",
+        str(ledger_file),
+    ]
     proc = subprocess.run([sys.executable, "-c", RUN_CLI, *args], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
@@ -207,8 +275,10 @@ def test_quality_corpus_is_answered_alike_by_both_arms(tiny_checkpoint, tmp_path
 
     for i in range(2):
         cases.synthetic_image(40 + i, (96, 64)).save(tmp_path / f"{i}.png")
-    rows = [{"image": "0.png", "question": "What is this?", "answer": "nothing"},
-            {"image": "1.png", "question": "What colour?", "answer": "blue"}]
+    rows = [
+        {"image": "0.png", "question": "What is this?", "answer": "nothing"},
+        {"image": "1.png", "question": "What colour?", "answer": "blue"},
+    ]
     (tmp_path / "questions.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     results = {arm: arms.run(arm, arms.QUALITY, tiny_checkpoint, cores=1, corpus=tmp_path) for arm in arms.ARMS}
     assert results["ffai"]["answers"] == results["reference"]["answers"]

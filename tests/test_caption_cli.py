@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 import srt
-from media_fixtures import make_audio_only, make_clip, make_truncated_mp4, make_zero_frame_clip
 from PIL import Image
 
 from ffai.cli import run
+from media_fixtures import make_audio_only, make_clip, make_truncated_mp4, make_zero_frame_clip
 
 
 @pytest.fixture(scope="module")
@@ -57,8 +57,19 @@ def test_still_prints_one_caption(capsys, image, tiny_checkpoint):
 def test_video_to_srt_tiles_the_timeline(capsys, clip, tiny_checkpoint, tmp_path):
     out = tmp_path / "clip.srt"
     code, _, err = caption(
-        capsys, "-i", str(clip), "--model", str(tiny_checkpoint), "--fps", "2", "--window", "4",
-        "--max-new-tokens", "4", "-o", str(out),
+        capsys,
+        "-i",
+        str(clip),
+        "--model",
+        str(tiny_checkpoint),
+        "--fps",
+        "2",
+        "--window",
+        "4",
+        "--max-new-tokens",
+        "4",
+        "-o",
+        str(out),
     )
     assert code == 0, err
     cues = list(srt.parse(out.read_text(encoding="utf-8")))
@@ -69,8 +80,21 @@ def test_video_to_srt_tiles_the_timeline(capsys, clip, tiny_checkpoint, tmp_path
 
 def test_jsonl_streams_to_stdout(capsys, clip, tiny_checkpoint):
     code, out, err = caption(
-        capsys, "-i", str(clip), "--model", str(tiny_checkpoint), "--fps", "1", "--window", "2",
-        "--max-new-tokens", "3", "-o", "-", "-f", "jsonl",
+        capsys,
+        "-i",
+        str(clip),
+        "--model",
+        str(tiny_checkpoint),
+        "--fps",
+        "1",
+        "--window",
+        "2",
+        "--max-new-tokens",
+        "3",
+        "-o",
+        "-",
+        "-f",
+        "jsonl",
     )
     assert code == 0, err
     cues = [json.loads(line) for line in out.splitlines()]
@@ -81,8 +105,23 @@ def test_jsonl_streams_to_stdout(capsys, clip, tiny_checkpoint):
 def test_json_document_and_segment(capsys, clip, tiny_checkpoint, tmp_path):
     out = tmp_path / "seg.json"
     code, _, err = caption(
-        capsys, "-i", str(clip), "--model", str(tiny_checkpoint), "--fps", "1", "--window", "2",
-        "-ss", "2", "-t", "3", "--max-new-tokens", "3", "-o", str(out),
+        capsys,
+        "-i",
+        str(clip),
+        "--model",
+        str(tiny_checkpoint),
+        "--fps",
+        "1",
+        "--window",
+        "2",
+        "-ss",
+        "2",
+        "-t",
+        "3",
+        "--max-new-tokens",
+        "3",
+        "-o",
+        str(out),
     )
     assert code == 0, err
     doc = json.loads(out.read_text(encoding="utf-8"))
@@ -97,7 +136,20 @@ def test_json_document_and_segment(capsys, clip, tiny_checkpoint, tmp_path):
 def test_existing_output_is_refused_then_overwritten_with_y(capsys, clip, tiny_checkpoint, tmp_path):
     out = tmp_path / "clip.txt"
     out.write_text("keep me\n")
-    args = ["-i", str(clip), "--model", str(tiny_checkpoint), "--max-frames", "2", "--window", "2", "--max-new-tokens", "2", "-o", str(out)]
+    args = [
+        "-i",
+        str(clip),
+        "--model",
+        str(tiny_checkpoint),
+        "--max-frames",
+        "2",
+        "--window",
+        "2",
+        "--max-new-tokens",
+        "2",
+        "-o",
+        str(out),
+    ]
     code, _, err = caption(capsys, *args)
     assert code == 1
     one_error_line(err, "already exists")
@@ -128,8 +180,23 @@ def test_several_inputs_continue_past_a_failure(capsys, clip, image, tiny_checkp
     missing = tmp_path / "missing.mp4"
     pattern = str(tmp_path / "{stem}.json")
     code, _, err = caption(
-        capsys, "-i", str(missing), "-i", str(clip), "-i", str(image), "--model", str(tiny_checkpoint),
-        "--max-frames", "2", "--window", "2", "--max-new-tokens", "2", "-o", pattern,
+        capsys,
+        "-i",
+        str(missing),
+        "-i",
+        str(clip),
+        "-i",
+        str(image),
+        "--model",
+        str(tiny_checkpoint),
+        "--max-frames",
+        "2",
+        "--window",
+        "2",
+        "--max-new-tokens",
+        "2",
+        "-o",
+        pattern,
     )
     assert code == 1
     one_error_line(err, str(missing))
@@ -139,7 +206,9 @@ def test_several_inputs_continue_past_a_failure(capsys, clip, image, tiny_checkp
 
 
 def test_several_inputs_need_a_pattern(capsys, clip, image, tiny_checkpoint, tmp_path):
-    code, _, err = caption(capsys, "-i", str(clip), "-i", str(image), "--model", str(tiny_checkpoint), "-o", str(tmp_path / "a.srt"))
+    code, _, err = caption(
+        capsys, "-i", str(clip), "-i", str(image), "--model", str(tiny_checkpoint), "-o", str(tmp_path / "a.srt")
+    )
     assert code == 2
     one_error_line(err, "{stem}")
 
@@ -167,7 +236,9 @@ def test_bad_input_is_one_line_and_creates_nothing(kind, tmp_path, tiny_checkpoi
     out = tmp_path / "out.srt"
     proc = subprocess.run(
         [sys.executable, "-m", "ffai", "caption", "-i", str(bad), "--model", str(tiny_checkpoint), "-o", str(out)],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode != 0
     one_error_line(proc.stderr, str(bad))
@@ -217,7 +288,9 @@ def _broken_checkpoint(src: Path, dst: Path, kind: str) -> tuple[Path, str]:
     raise ValueError(kind)
 
 
-@pytest.mark.parametrize("kind", ["no-config", "other-architecture", "truncated-weights", "tokenizer-without-image-tokens"])
+@pytest.mark.parametrize(
+    "kind", ["no-config", "other-architecture", "truncated-weights", "tokenizer-without-image-tokens"]
+)
 def test_broken_checkpoint_is_one_line_naming_the_file(kind, capsys, image, tiny_checkpoint, tmp_path):
     model, culprit = _broken_checkpoint(tiny_checkpoint, tmp_path / "model", kind)
     code, out, err = caption(capsys, "-i", str(image), "--model", str(model), "--max-new-tokens", "2")

@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import pytest
-from media_fixtures import make_clip
 
 import ffai
 from ffai import media
@@ -19,6 +18,7 @@ from ffai.captioning import Captioner, CaptionOptions, pipeline_config, placemen
 from ffai.engine import DecodingOptions, DescribeRequest, RuntimeOptions
 from ffai.errors import UsageError
 from ffai.pipeline import PipelineError
+from media_fixtures import make_clip
 
 
 @pytest.fixture(scope="module")
@@ -48,8 +48,9 @@ def test_workers_and_inline_give_the_same_cues(tiny_checkpoint, tmp_path):
     Image.new("RGB", (80, 60), (30, 200, 90)).save(still)
     cues = {}
     for where in ("inline", "workers"):
-        options = CaptionOptions(model=str(tiny_checkpoint), fps=1, window=2, decoding=DecodingOptions(max_new_tokens=4),
-                                 placement=where)
+        options = CaptionOptions(
+            model=str(tiny_checkpoint), fps=1, window=2, decoding=DecodingOptions(max_new_tokens=4), placement=where
+        )
         with Captioner(options) as captioner:
             assert captioner.placement == where
             cues[where] = [*captioner.captions(media.probe(clip)), *captioner.captions(media.probe(still))]
@@ -93,8 +94,14 @@ def test_threads_are_shared_out_between_workers():
 
 @pytest.mark.parametrize(
     ("choice", "cores", "video", "where"),
-    [("auto", 1, True, "inline"), ("auto", 2, True, "inline"), ("auto", 3, True, "workers"), ("auto", 16, False, "inline"),
-     ("workers", 2, False, "workers"), ("inline", 16, True, "inline")],
+    [
+        ("auto", 1, True, "inline"),
+        ("auto", 2, True, "inline"),
+        ("auto", 3, True, "workers"),
+        ("auto", 16, False, "inline"),
+        ("workers", 2, False, "workers"),
+        ("inline", 16, True, "inline"),
+    ],
 )
 def test_placement_follows_cores_and_inputs_unless_asked(monkeypatch, tiny_checkpoint, choice, cores, video, where):
     assert placement(choice, cores=cores, video=video) == where
@@ -104,11 +111,16 @@ def test_placement_follows_cores_and_inputs_unless_asked(monkeypatch, tiny_check
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
-    [({"max_in_flight": 0}, "--max-in-flight must be at least 1"), ({"fps": 0}, "--fps must be a number > 0, got 0"),
-     ({"fps": math.nan}, "--fps must be a number > 0, got nan"), ({"window": 0}, "--window must be at least 1, got 0"),
-     ({"start": -1}, "-ss must be a number of seconds >= 0, got -1"), ({"duration": 0}, "-t must be a number of seconds > 0, got 0"),
-     ({"max_frames": 0}, "--max-frames must be at least 1, got 0"),
-     ({"placement": "gpu"}, "--placement must be one of auto, inline, workers, got 'gpu'")],
+    [
+        ({"max_in_flight": 0}, "--max-in-flight must be at least 1"),
+        ({"fps": 0}, "--fps must be a number > 0, got 0"),
+        ({"fps": math.nan}, "--fps must be a number > 0, got nan"),
+        ({"window": 0}, "--window must be at least 1, got 0"),
+        ({"start": -1}, "-ss must be a number of seconds >= 0, got -1"),
+        ({"duration": 0}, "-t must be a number of seconds > 0, got 0"),
+        ({"max_frames": 0}, "--max-frames must be at least 1, got 0"),
+        ({"placement": "gpu"}, "--placement must be one of auto, inline, workers, got 'gpu'"),
+    ],
 )
 def test_options_are_validated_by_the_cli_rules(kwargs, message):
     with pytest.raises(UsageError) as caught:
@@ -150,9 +162,30 @@ def _sigint_as_in_a_terminal() -> None:
 def test_sigint_exits_130_keeps_finished_cues_and_leaves_no_worker(tiny_checkpoint, long_clip, tmp_path, where):
     out = tmp_path / "long.jsonl"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ffai", "caption", "-i", str(long_clip), "--model", str(tiny_checkpoint),
-         "--fps", "2", "--window", "1", "--max-new-tokens", "4", "--placement", where, "-o", str(out)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_sigint_as_in_a_terminal,
+        [
+            sys.executable,
+            "-m",
+            "ffai",
+            "caption",
+            "-i",
+            str(long_clip),
+            "--model",
+            str(tiny_checkpoint),
+            "--fps",
+            "2",
+            "--window",
+            "1",
+            "--max-new-tokens",
+            "4",
+            "--placement",
+            where,
+            "-o",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_sigint_as_in_a_terminal,
     )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and (not out.exists() or out.read_text().count("\n") < 2):

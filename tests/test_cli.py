@@ -128,7 +128,11 @@ def test_unknown_model_names_pull(tmp_path):
     # Without --model the bundled demo model stands in, saying so and how to get the real one.
     proc = ffai("caption", "-i", str(image), env=env)
     assert proc.returncode == 0 and proc.stdout.strip(), proc.stderr
-    assert proc.stderr.count("\n") == 1 and "smolvlm-demo" in proc.stderr and "ffai models pull smolvlm-256m-instruct" in proc.stderr
+    assert (
+        proc.stderr.count("\n") == 1
+        and "smolvlm-demo" in proc.stderr
+        and "ffai models pull smolvlm-256m-instruct" in proc.stderr
+    )
     proc = ffai("caption", "-i", str(image), "--model", str(tmp_path), env=env)
     assert_one_line_error(proc, 1, "no config.json")
 

@@ -8,11 +8,11 @@ import os
 import random
 
 import pytest
-from hub_server import HubServer
 
 from ffai import hub, models
 from ffai.errors import ModelError
 from ffai.models import Manifest, ModelFile
+from hub_server import HubServer
 
 REPO = "test-org/tiny-vlm"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -64,7 +64,9 @@ def test_endpoint_and_url(monkeypatch):
     monkeypatch.setenv("HF_ENDPOINT", "http://mirror.example/hf/")
     assert hub.endpoint() == "http://mirror.example/hf"
     pr = manifest_for({"a b.json": b"x"}, revision="refs/pr/1")
-    assert hub.file_url(pr, pr.files[0]) == "http://mirror.example/hf/test-org/tiny-vlm/resolve/refs%2Fpr%2F1/a%20b.json"
+    assert (
+        hub.file_url(pr, pr.files[0]) == "http://mirror.example/hf/test-org/tiny-vlm/resolve/refs%2Fpr%2F1/a%20b.json"
+    )
     monkeypatch.delenv("HF_ENDPOINT")
     assert hub.endpoint() == "https://huggingface.co"
 

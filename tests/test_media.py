@@ -182,8 +182,13 @@ def test_sampling_is_lazy(tmp_path, monkeypatch):
 
 
 def test_bad_sampling_arguments_are_refused_up_front(clips):
-    for kwargs, flag in [({"fps": 0}, "--fps"), ({"fps": float("nan")}, "--fps"), ({"fps": 1, "start": -1}, "-ss"),
-                         ({"fps": 1, "duration": 0}, "-t"), ({"fps": 1, "max_frames": -1}, "--max-frames")]:
+    for kwargs, flag in [
+        ({"fps": 0}, "--fps"),
+        ({"fps": float("nan")}, "--fps"),
+        ({"fps": 1, "start": -1}, "-ss"),
+        ({"fps": 1, "duration": 0}, "-t"),
+        ({"fps": 1, "max_frames": -1}, "--max-frames"),
+    ]:
         with pytest.raises(UsageError, match=flag):
             media.sample_frames(clips["cfr"], **kwargs)
 

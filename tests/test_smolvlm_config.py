@@ -54,8 +54,14 @@ def test_both_rope_layouts_agree():
 
 @pytest.mark.parametrize(
     "path",
-    [("text_config", "hidden_size"), ("vision_config", "patch_size"), ("scale_factor",), ("text_config", "rope_theta"),
-     ("image_token_id",), ("vision_config",)],
+    [
+        ("text_config", "hidden_size"),
+        ("vision_config", "patch_size"),
+        ("scale_factor",),
+        ("text_config", "rope_theta"),
+        ("image_token_id",),
+        ("vision_config",),
+    ],
 )
 def test_missing_key_names_file_and_key(path):
     d = real_dict()
@@ -138,7 +144,10 @@ def test_image_token_of_another_checkpoint_is_refused(capsys, tiny_checkpoint, t
     edit_json(model / "config.json", lambda d: d.update(image_token_id=49189))
     code, line = caption_error(capsys, model, tmp_path)
     assert code == 1
-    assert f"{model / 'tokenizer.json'}: <image> is token 49190, but {model / 'config.json'} has image_token_id 49189" in line
+    assert (
+        f"{model / 'tokenizer.json'}: <image> is token 49190, but {model / 'config.json'} has image_token_id 49189"
+        in line
+    )
 
 
 def test_agreeing_small_files_pass_the_check(capsys, tiny_checkpoint, tmp_path):
@@ -155,8 +164,15 @@ def variant_500m_like() -> dict:
     """SmolVLM-500M text widths (960 hidden, 15 heads / 5 kv heads) with a SigLIP-384/14 tile and
     scale factor 3 (27 patches per side, 81 image tokens per tile); two layers per tower."""
     d = real_dict()
-    d["text_config"].update(num_hidden_layers=2, hidden_size=960, intermediate_size=2560, num_attention_heads=15,
-                            num_key_value_heads=5, head_dim=64, vocab_size=2048)
+    d["text_config"].update(
+        num_hidden_layers=2,
+        hidden_size=960,
+        intermediate_size=2560,
+        num_attention_heads=15,
+        num_key_value_heads=5,
+        head_dim=64,
+        vocab_size=2048,
+    )
     d["vision_config"].update(num_hidden_layers=2, patch_size=14, image_size=384)
     d.update(scale_factor=3, image_token_id=2000, vocab_size=2048)
     return d
@@ -165,11 +181,22 @@ def variant_500m_like() -> dict:
 def variant_tied_biased() -> dict:
     """Tied head, q/k/v/o and MLP biases, no GQA, odd rope theta, 4.46-style config."""
     d = real_dict()
-    d["text_config"].update(num_hidden_layers=2, hidden_size=96, intermediate_size=160, num_attention_heads=3,
-                            num_key_value_heads=3, head_dim=32, vocab_size=1024, rope_theta=5000.0,
-                            attention_bias=True, mlp_bias=True, tie_word_embeddings=True)
-    d["vision_config"].update(num_hidden_layers=1, hidden_size=48, intermediate_size=96, num_attention_heads=4,
-                              patch_size=4, image_size=32)
+    d["text_config"].update(
+        num_hidden_layers=2,
+        hidden_size=96,
+        intermediate_size=160,
+        num_attention_heads=3,
+        num_key_value_heads=3,
+        head_dim=32,
+        vocab_size=1024,
+        rope_theta=5000.0,
+        attention_bias=True,
+        mlp_bias=True,
+        tie_word_embeddings=True,
+    )
+    d["vision_config"].update(
+        num_hidden_layers=1, hidden_size=48, intermediate_size=96, num_attention_heads=4, patch_size=4, image_size=32
+    )
     d.update(scale_factor=2, image_token_id=1000, vocab_size=1024, tie_word_embeddings=True)
     return d
 
@@ -284,8 +311,12 @@ def test_a_part_load_still_checks_the_whole_checkpoint(tiny_copy):
 
 
 @pytest.mark.parametrize(
-    "extra", ["model.text_model.layers.2.mlp.up_proj.weight", "model.text_model.layers.0.self_attn.q_proj.bias",
-              "model.perceiver.latents"]
+    "extra",
+    [
+        "model.text_model.layers.2.mlp.up_proj.weight",
+        "model.text_model.layers.0.self_attn.q_proj.bias",
+        "model.perceiver.latents",
+    ],
 )
 def test_unexpected_tensor(tiny_copy, extra):
     rewrite(tiny_copy / "model.safetensors", lambda t: t.update({extra: torch.zeros(3)}))

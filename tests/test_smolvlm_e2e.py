@@ -43,7 +43,18 @@ def tiny_pair(tiny_checkpoint, reference_loader):
 @pytest.mark.parametrize("split", [True, False], ids=["still", "frame"])
 def test_tiny_end_to_end_tokens_on_ten_images(tiny_pair, split):
     model, ref, processor = tiny_pair
-    sizes = [(300, 200), (64, 64), (1000, 90), (90, 700), (256, 256), (33, 47), (640, 480), (1920, 1080), (75, 75), (512, 128)]
+    sizes = [
+        (300, 200),
+        (64, 64),
+        (1000, 90),
+        (90, 700),
+        (256, 256),
+        (33, 47),
+        (640, 480),
+        (1920, 1080),
+        (75, 75),
+        (512, 128),
+    ]
     for seed, size in enumerate(sizes):
         images = [random_image(500 + seed, size)]
         assert ours_forced(model, images, split=split) == theirs_forced(ref, processor, images, split=split), size
@@ -70,10 +81,23 @@ def test_cli_prints_exactly_the_reference_text(tiny_checkpoint, reference_loader
     inputs = processor_inputs(processor, [image], split=True, question=QUESTION)
     with torch.no_grad():
         out = ref.generate(**inputs, max_new_tokens=N_NEW, do_sample=False)
-    expected = processor.batch_decode(out[:, inputs["input_ids"].shape[1]:], skip_special_tokens=True)[0]
+    expected = processor.batch_decode(out[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)[0]
     proc = subprocess.run(
-        [sys.executable, "-m", "ffai", "caption", "-i", str(path), "--model", str(tiny_checkpoint), "--max-new-tokens", str(N_NEW)],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "ffai",
+            "caption",
+            "-i",
+            str(path),
+            "--model",
+            str(tiny_checkpoint),
+            "--max-new-tokens",
+            str(N_NEW),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
     assert expected.strip(), "the reference produced no text; pick another image"

@@ -71,7 +71,10 @@ def test_building_the_model_skips_torch_symbolic_machinery(tiny_checkpoint):
 
 
 @pytest.mark.parametrize("threads", [2, 3, 4])
-@pytest.mark.parametrize("shape", [(960, 576), (576, 576), (3072, 576), (576, 1536), (49280, 576), (256, 64), (768, 96), (36, 24), (24, 1536)])
+@pytest.mark.parametrize(
+    "shape",
+    [(960, 576), (576, 576), (3072, 576), (576, 1536), (49280, 576), (256, 64), (768, 96), (36, 24), (24, 1536)],
+)
 def test_a_one_row_linear_over_threads_equals_f_linear_bit_for_bit(shape, threads):
     """The decode step's matrix-vector products, with SmolVLM-256M's shapes (and the tiny
     config's), split over threads: every output identical to F.linear's."""

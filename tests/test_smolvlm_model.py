@@ -32,6 +32,7 @@ def one_thread():
     yield
     torch.set_num_threads(before)
 
+
 N_NEW = 32
 VISION_REL_TOL = 1e-5
 LOGITS_ABS_TOL = 1e-4
@@ -79,7 +80,7 @@ def reference_generate(ref, inputs, n: int = N_NEW, **kwargs):
     finally:
         hook.remove()
     assert len(captured) == 1, "the reference ran its vision tower more than once"
-    return out[0, inputs["input_ids"].shape[1]:].tolist(), captured[0]
+    return out[0, inputs["input_ids"].shape[1] :].tolist(), captured[0]
 
 
 def run_case(model, ref, processor, images, *, split: bool, stops: list[int]) -> dict:
@@ -91,8 +92,15 @@ def run_case(model, ref, processor, images, *, split: bool, stops: list[int]) ->
     t1 = time.perf_counter()
     theirs, ref_embeds = reference_generate(ref, inputs)
     t2 = time.perf_counter()
-    return {"inputs": inputs, "embeds": embeds, "ref_embeds": ref_embeds, "ours": ours, "theirs": theirs,
-            "ours_s": round(t1 - t0, 2), "ref_s": round(t2 - t1, 2)}
+    return {
+        "inputs": inputs,
+        "embeds": embeds,
+        "ref_embeds": ref_embeds,
+        "ours": ours,
+        "theirs": theirs,
+        "ours_s": round(t1 - t0, 2),
+        "ref_s": round(t2 - t1, 2),
+    }
 
 
 def check_case(model, ref, processor, images, *, split: bool, stops: list[int]) -> dict:
@@ -106,8 +114,13 @@ def check_run(run: dict) -> dict:
     err = rel_err(embeds, ref_embeds)
     assert err <= VISION_REL_TOL, f"vision+connector relative error {err:.2e}"
     assert len(run["ours"]) == N_NEW and run["ours"] == run["theirs"]
-    return {"tiles": embeds.shape[0], "prompt": run["inputs"]["input_ids"].shape[1], "vision_rel": err,
-            "ours_s": run["ours_s"], "ref_s": run["ref_s"]}
+    return {
+        "tiles": embeds.shape[0],
+        "prompt": run["inputs"]["input_ids"].shape[1],
+        "vision_rel": err,
+        "ours_s": run["ours_s"],
+        "ref_s": run["ref_s"],
+    }
 
 
 def reference_logits(ref, inputs, ref_embeds: torch.Tensor) -> torch.Tensor:
@@ -116,8 +129,9 @@ def reference_logits(ref, inputs, ref_embeds: torch.Tensor) -> torch.Tensor:
 
     features = {"image": BaseModelOutputWithPooling(pooler_output=[ref_embeds.reshape(-1, ref_embeds.shape[-1])])}
     with torch.no_grad():
-        return ref(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
-                   mm_encoder_outputs=features).logits
+        return ref(
+            input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], mm_encoder_outputs=features
+        ).logits
 
 
 def our_logits(model, inputs, embeds: torch.Tensor) -> torch.Tensor:
@@ -206,8 +220,20 @@ def tiny(tiny_checkpoint, reference_loader):
     return load_model(tiny_checkpoint), ref, processor, stop_ids(tiny_checkpoint)
 
 
-TINY_SIZES = [(300, 200), (64, 64), (1000, 90), (90, 700), (256, 256), (33, 47), (640, 480), (128, 300),
-              (1920, 1080), (75, 75), (200, 600), (512, 128)]
+TINY_SIZES = [
+    (300, 200),
+    (64, 64),
+    (1000, 90),
+    (90, 700),
+    (256, 256),
+    (33, 47),
+    (640, 480),
+    (128, 300),
+    (1920, 1080),
+    (75, 75),
+    (200, 600),
+    (512, 128),
+]
 
 
 @pytest.mark.parametrize("split", [True, False], ids=["still", "frame"])
@@ -235,8 +261,9 @@ def test_tiny_prefill_logits_and_padded_tiles(tiny):
         got = our_logits(model, inputs, model.encode_images(inputs["pixel_values"], inputs["pixel_attention_mask"]))
         assert (got - want).abs().max() <= LOGITS_ABS_TOL
         # The real-config gate 4 feeds the reference its own image features; that is the same forward.
-        ref_embeds = torch.cat(ref.model.get_image_features(inputs["pixel_values"], inputs["pixel_attention_mask"])
-                               .pooler_output)
+        ref_embeds = torch.cat(
+            ref.model.get_image_features(inputs["pixel_values"], inputs["pixel_attention_mask"]).pooler_output
+        )
         assert torch.equal(reference_logits(ref, inputs, ref_embeds), want)
         pixels, mask = padded_tiles(inputs, 64, h=37, w=20)
         want = torch.stack(ref.model.get_image_features(pixels, mask).pooler_output)[0]
@@ -252,8 +279,12 @@ def test_batch_padding_tiles_are_dropped(tiny):
     n_still = still["pixel_values"].shape[1]
     content = [{"type": "image"}, {"type": "text", "text": "Hi"}]
     text = processor.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True)
-    inputs = processor(text=[text, text], images=[[random_image(6, (256, 256))], [random_image(7, (90, 60))]],
-                       return_tensors="pt", padding=True)
+    inputs = processor(
+        text=[text, text],
+        images=[[random_image(6, (256, 256))], [random_image(7, (90, 60))]],
+        return_tensors="pt",
+        padding=True,
+    )
     assert inputs["pixel_values"].shape[:2] == (2, n_still)
     assert inputs["pixel_values"][1].flatten(1).abs().sum(1).eq(0).any()  # some tiles are padding
     with torch.no_grad():
@@ -289,7 +320,7 @@ def test_cached_decoding_equals_recomputation(tiny):
     with torch.no_grad():
         x = model.embed(torch.cat([ids, torch.tensor([tokens[:-1]])], dim=1), embeds)
         logits = model.text(x, torch.arange(x.shape[1]))  # no cache: the whole sequence at once
-    recomputed = logits[0, ids.shape[1] - 1:].argmax(-1).tolist()
+    recomputed = logits[0, ids.shape[1] - 1 :].argmax(-1).tolist()
     assert recomputed == tokens
 
 
@@ -366,8 +397,14 @@ def test_on_token_streams_each_token_and_context_is_checked(tiny):
     inputs = processor_inputs(processor, [random_image(15, (64, 64))], split=False)
     embeds = model.encode_images(inputs["pixel_values"], inputs["pixel_attention_mask"])
     seen = []
-    out = generate(model, inputs["input_ids"], embeds, DecodingOptions(max_new_tokens=5, force_new_tokens=True), stops,
-                   on_token=seen.append)
+    out = generate(
+        model,
+        inputs["input_ids"],
+        embeds,
+        DecodingOptions(max_new_tokens=5, force_new_tokens=True),
+        stops,
+        on_token=seen.append,
+    )
     assert seen == out and len(out) == 5
     limit = model.cfg.text.max_position_embeddings
     with pytest.raises(EngineError, match=f"exceeds the model's context of {limit}"):

@@ -147,9 +147,7 @@ def test_layout_and_values(cfg):
 
 
 def _assert_same_as_reference(image_processor, images, split, cfg):
-    ref = image_processor(
-        [images], do_image_splitting=split, return_row_col_info=True, return_tensors="pt"
-    )
+    ref = image_processor([images], do_image_splitting=split, return_row_col_info=True, return_tensors="pt")
     ours = preprocess_images(images, cfg, split=split)
     n = ours.pixel_values.shape[0]
     # The reference pads the batch with all-zero images; only the first n are real tiles.
@@ -187,21 +185,28 @@ def test_gate1_window_of_frames(reference, cfg):
 
 @pytest.mark.oracle
 def test_gate1_split_images_in_one_prompt(reference, cfg):
-    _assert_same_as_reference(reference, [noisy_gradient(700, 300, seed=1), noisy_gradient(30, 50, "L", seed=2)], True, cfg)
+    _assert_same_as_reference(
+        reference, [noisy_gradient(700, 300, seed=1), noisy_gradient(30, 50, "L", seed=2)], True, cfg
+    )
 
 
 @pytest.mark.oracle
 def test_gate1_tiny_geometry(tmp_path):
     """The small test checkpoints use 64-pixel tiles and a 256 longest edge: same rules."""
     _copy_configs(tmp_path)
-    _edit(tmp_path / PREPROCESSOR_FILE, lambda d: d.update(max_image_size={"longest_edge": 64}, size={"longest_edge": 256}))
+    _edit(
+        tmp_path / PREPROCESSOR_FILE,
+        lambda d: d.update(max_image_size={"longest_edge": 64}, size={"longest_edge": 256}),
+    )
     transformers = pytest.importorskip("transformers")
     # Only the image processor: it is what Idefics3Processor builds from these two files.
     reference = _pil_backend(transformers.AutoImageProcessor.from_pretrained(tmp_path))
     cfg = ProcessorConfig.from_dir(tmp_path)
     assert (cfg.tile_size, cfg.longest_edge) == (64, 256)
     for split in (True, False):
-        _assert_same_as_reference(reference, [noisy_gradient(300, 170, seed=5), noisy_gradient(41, 77, "RGBA")], split, cfg)
+        _assert_same_as_reference(
+            reference, [noisy_gradient(300, 170, seed=5), noisy_gradient(41, 77, "RGBA")], split, cfg
+        )
 
 
 def _mode_samples() -> dict[str, Image.Image]:
@@ -220,10 +225,23 @@ def _mode_samples() -> dict[str, Image.Image]:
     l_trns.info["transparency"] = grey.getpixel((3, 3))
     ramp = torch.arange(23 * 17, dtype=torch.int32).view(17, 23) * 157
     return {
-        "RGB": rgb, "RGBA": rgba, "LA": Image.merge("LA", (grey, alpha)), "PA": Image.merge("PA", (palette, alpha)),
-        "P": palette, "P+tRNS index": p_index, "P+tRNS bytes": p_bytes, "RGB+tRNS": rgb_trns, "L+tRNS": l_trns,
-        "L": grey, "1": grey.convert("1"), "CMYK": rgb.convert("CMYK"), "YCbCr": rgb.convert("YCbCr"),
-        "RGBX": rgb.convert("RGBX"), "RGBa": rgba.convert("RGBa"), "HSV": rgb.convert("HSV"), "LAB": rgb.convert("LAB"),
+        "RGB": rgb,
+        "RGBA": rgba,
+        "LA": Image.merge("LA", (grey, alpha)),
+        "PA": Image.merge("PA", (palette, alpha)),
+        "P": palette,
+        "P+tRNS index": p_index,
+        "P+tRNS bytes": p_bytes,
+        "RGB+tRNS": rgb_trns,
+        "L+tRNS": l_trns,
+        "L": grey,
+        "1": grey.convert("1"),
+        "CMYK": rgb.convert("CMYK"),
+        "YCbCr": rgb.convert("YCbCr"),
+        "RGBX": rgb.convert("RGBX"),
+        "RGBa": rgba.convert("RGBa"),
+        "HSV": rgb.convert("HSV"),
+        "LAB": rgb.convert("LAB"),
         "I;16": Image.fromarray(ramp.numpy().astype("uint16")),
         "I": Image.fromarray(ramp.numpy()),
         "F": Image.fromarray(ramp.numpy().astype("float32") / 311.0 - 20.0),

@@ -38,7 +38,9 @@ def test_token_ids(builder):
 
 def test_render_matches_checkpoint_notes(builder):
     # Rendered strings recorded in tests/data/smolvlm-256m-instruct/SOURCES.md.
-    assert builder.render(1, DEFAULT_TEXT) == "<|im_start|>User:<image>Describe this image.<end_of_utterance>\nAssistant:"
+    assert (
+        builder.render(1, DEFAULT_TEXT) == "<|im_start|>User:<image>Describe this image.<end_of_utterance>\nAssistant:"
+    )
     assert builder.render(0, "Hi") == "<|im_start|>User: Hi<end_of_utterance>\nAssistant:"
 
 
@@ -53,7 +55,9 @@ def test_split_layout(builder):
     assert text.count("<image>") == (2 * 3 + 1) * 2
     assert text.startswith("<fake_token_around_image><row_1_col_1><image><image><fake_token_around_image><row_1_col_2>")
     assert "<row_1_col_3><image><image>\n<fake_token_around_image><row_2_col_1>" in text
-    assert text.endswith("<row_2_col_3><image><image>\n\n<fake_token_around_image><global-img><image><image><fake_token_around_image>")
+    assert text.endswith(
+        "<row_2_col_3><image><image>\n\n<fake_token_around_image><global-img><image><image><fake_token_around_image>"
+    )
     ids = builder.build([(2, 3), (0, 0)], DEFAULT_TEXT, 64)
     assert ids.count(IMAGE_ID) == (2 * 3 + 1 + 1) * 64
     assert ids.count(ROW_1_COL_1_ID) == 1 and ids.count(GLOBAL_ID) == 2
@@ -66,7 +70,9 @@ def test_image_token_in_text_refused(builder):
 
 
 def test_decode_drops_special_tokens(builder):
-    assert builder.decode([1, 11126, 42, FAKE_ID, IMAGE_ID, 37964, 451, 2443, 30, EOU_ID]) == "User:Describe this image."
+    assert (
+        builder.decode([1, 11126, 42, FAKE_ID, IMAGE_ID, 37964, 451, 2443, 30, EOU_ID]) == "User:Describe this image."
+    )
 
 
 def _model_dir(tmp_path: Path, *names: str) -> Path:

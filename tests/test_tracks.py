@@ -55,9 +55,14 @@ CUES = [
 ]
 
 # what an srt/vtt cue shows: each run of line breaks (blank lines and the spaces around them) is one "\n"
-SHOWN = ["A man walks a dog across the street.", "Café crème — 東京の夜景 🌃",
-         "First line\nSecond  line,   spaced\nThird\tline",
-         "Tom & Jerry <3 --> chase", "", "Past the first hour."]
+SHOWN = [
+    "A man walks a dog across the street.",
+    "Café crème — 東京の夜景 🌃",
+    "First line\nSecond  line,   spaced\nThird\tline",
+    "Tom & Jerry <3 --> chase",
+    "",
+    "Past the first hour.",
+]
 
 
 def write_track(path, fmt, cues=CUES, overwrite=False):
@@ -69,17 +74,22 @@ def write_track(path, fmt, cues=CUES, overwrite=False):
 def parse(fmt: str, text: str) -> list[tuple[int, int, str]]:
     """(start_ms, end_ms, text) per cue, read back by each format's own reader."""
     if fmt == "srt":
-        return [(s.start // timedelta(milliseconds=1), s.end // timedelta(milliseconds=1), s.content)
-                for s in srt.parse(text)]
+        return [
+            (s.start // timedelta(milliseconds=1), s.end // timedelta(milliseconds=1), s.content)
+            for s in srt.parse(text)
+        ]
     if fmt == "vtt":
-        return [(c.start_time.in_milliseconds(), c.end_time.in_milliseconds(), html.unescape(c.raw_text))
-                for c in webvtt.from_string(text, strict=True)]
+        return [
+            (c.start_time.in_milliseconds(), c.end_time.in_milliseconds(), html.unescape(c.raw_text))
+            for c in webvtt.from_string(text, strict=True)
+        ]
     if fmt == "json":
         return [(round(c["start"] * 1000), round(c["end"] * 1000), c["text"]) for c in json.loads(text)["cues"]]
     if fmt == "jsonl":
         assert text == "" or text.endswith("\n")
-        return [(round(c["start"] * 1000), round(c["end"] * 1000), c["text"])
-                for c in map(json.loads, text.splitlines())]
+        return [
+            (round(c["start"] * 1000), round(c["end"] * 1000), c["text"]) for c in map(json.loads, text.splitlines())
+        ]
     rows = []
     for line in text.split("\n")[:-1]:
         m = re.fullmatch(r"\[(\d{2,}):(\d\d):(\d\d)\.(\d{3}) --> (\d{2,}):(\d\d):(\d\d)\.(\d{3})\](?: (.*))?", line)
@@ -158,10 +168,20 @@ def test_json_document_shape():
     assert doc["version"] == 1
     assert doc["source"] == {"path": "clips/straße.mp4", "duration": 3725.0, "width": 640, "height": 360}
     assert doc["engine"] == {"name": "smolvlm", "model": "SmolVLM-256M-Instruct"}
-    assert doc["params"] == {"fps": 2.0, "window": 4, "prompt": "Describe the scene.", "max_new_tokens": 64,
-                             "seed": None}
-    assert doc["cues"][-1] == {"index": 6, "start": 3723.456, "end": 3725.0, "frame_times": [3723.456, 3724.0],
-                               "text": "Past the first hour."}
+    assert doc["params"] == {
+        "fps": 2.0,
+        "window": 4,
+        "prompt": "Describe the scene.",
+        "max_new_tokens": 64,
+        "seed": None,
+    }
+    assert doc["cues"][-1] == {
+        "index": 6,
+        "start": 3723.456,
+        "end": 3725.0,
+        "frame_times": [3723.456, 3724.0],
+        "text": "Past the first hour.",
+    }
     assert "東京" in (GOLDEN / "track.json").read_text(encoding="utf-8")  # ensure_ascii=False
 
 
@@ -339,7 +359,10 @@ KILL_SCRIPT = textwrap.dedent("""
 def test_a_killed_run_leaves_valid_files(tmp_path):
     script = KILL_SCRIPT.format(folder=str(tmp_path))
     # The child imports this module by name.
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")]))}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")])),
+    }
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=env)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     for fmt in FORMATS:
@@ -380,21 +403,35 @@ def test_json_on_a_stream_keeps_finished_cues_on_abort():
 # --- format and output checks ---------------------------------------------------------
 
 
-@pytest.mark.parametrize("output, fmt, want", [
-    ("a.srt", None, "srt"), ("a.VTT", None, "vtt"), ("dir.x/a.json", None, "json"), ("a.jsonl", None, "jsonl"),
-    ("a.txt", None, "txt"), ("a.srt", "json", "json"), ("-", None, "txt"), (None, None, "txt"),
-    ("-", "jsonl", "jsonl"), (None, "SRT", "srt"), ("a.mp4", "vtt", "vtt"),
-])
+@pytest.mark.parametrize(
+    "output, fmt, want",
+    [
+        ("a.srt", None, "srt"),
+        ("a.VTT", None, "vtt"),
+        ("dir.x/a.json", None, "json"),
+        ("a.jsonl", None, "jsonl"),
+        ("a.txt", None, "txt"),
+        ("a.srt", "json", "json"),
+        ("-", None, "txt"),
+        (None, None, "txt"),
+        ("-", "jsonl", "jsonl"),
+        (None, "SRT", "srt"),
+        ("a.mp4", "vtt", "vtt"),
+    ],
+)
 def test_resolve_format(output, fmt, want):
     assert resolve_format(output, fmt) == want
 
 
-@pytest.mark.parametrize("output, fmt, message", [
-    ("a.mp4", None, "a.mp4: cannot tell the track format from extension '.mp4'"),
-    ("captions", None, "captions: cannot tell the track format from no extension"),
-    ("a.srt", "ass", "unknown format 'ass'"),
-    ("-", "xml", "unknown format 'xml'"),
-])
+@pytest.mark.parametrize(
+    "output, fmt, message",
+    [
+        ("a.mp4", None, "a.mp4: cannot tell the track format from extension '.mp4'"),
+        ("captions", None, "captions: cannot tell the track format from no extension"),
+        ("a.srt", "ass", "unknown format 'ass'"),
+        ("-", "xml", "unknown format 'xml'"),
+    ],
+)
 def test_resolve_format_errors(output, fmt, message):
     with pytest.raises(UsageError) as info:
         resolve_format(output, fmt)
@@ -447,8 +484,17 @@ def test_open_track_checks_the_output_first(tmp_path):
 
 
 STILL = TrackHeader(
-    source_path="a.png", duration=None, width=4, height=3, engine="e", model="m",
-    fps=None, window=None, prompt=None, max_new_tokens=8, seed=None,
+    source_path="a.png",
+    duration=None,
+    width=4,
+    height=3,
+    engine="e",
+    model="m",
+    fps=None,
+    window=None,
+    prompt=None,
+    max_new_tokens=8,
+    seed=None,
 )
 
 

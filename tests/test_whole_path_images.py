@@ -26,9 +26,7 @@ import numpy as np
 import pytest
 import srt
 import torch
-from ffai_smolvlm import ENGINE
 from PIL import Image
-from test_smolvlm_model import processor_inputs, random_image
 
 import ffai
 from ffai import media
@@ -36,6 +34,8 @@ from ffai.captioning import CaptionOptions
 from ffai.cli import run
 from ffai.engine import DecodingOptions, RuntimeOptions
 from ffai.tracks import fold_line_breaks
+from ffai_smolvlm import ENGINE
+from test_smolvlm_model import processor_inputs, random_image
 
 pytestmark = [
     pytest.mark.oracle,
@@ -150,7 +150,7 @@ def reference_answer(ref, processor, path: Path) -> tuple[list[int], str]:
         inputs = processor_inputs(processor, [image], split=True, question=QUESTION)
     with torch.no_grad():
         out = ref.generate(**inputs, max_new_tokens=N_NEW, do_sample=False)
-    tokens = out[0, inputs["input_ids"].shape[1]:].tolist()
+    tokens = out[0, inputs["input_ids"].shape[1] :].tolist()
     return tokens, processor.decode(tokens, skip_special_tokens=True)
 
 

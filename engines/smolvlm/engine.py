@@ -129,6 +129,7 @@ def _torch_device(name: str) -> str:
 
 def _load_weights(model_dir: Path, runtime: RuntimeOptions, parts: tuple[str, ...]):
     import torch
+
     from ffai_smolvlm.weights import load_model
 
     # Thread counts are the pipeline's (ffai.pipeline.worker.set_threads), set per process before
@@ -185,6 +186,7 @@ class TextDecoder:
 
     def generate_ids(self, encoded: Encoded, on_token: Callable[[str], None] | None = None) -> list[int]:
         import torch
+
         from ffai_smolvlm.generate import generate
 
         token_cb: Callable[[int], Any] | None = None
@@ -210,7 +212,9 @@ class SmolVLMModel:
     def encode(self, prepared: Prepared) -> Encoded:
         return self.vision(prepared)
 
-    def generate(self, encoded: Encoded, options: DecodingOptions, on_token: Callable[[str], None] | None = None) -> str:
+    def generate(
+        self, encoded: Encoded, options: DecodingOptions, on_token: Callable[[str], None] | None = None
+    ) -> str:
         return self.text(dataclasses.replace(encoded, options=options), on_token).text
 
     def describe(self, images: Sequence["Image.Image"], options: DecodingOptions, *, split: bool) -> str:

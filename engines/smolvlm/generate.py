@@ -127,6 +127,13 @@ def generate(
     cache = model.text.reserve_cache(1, prompt_len + n)
     logits = prefill(model, x, cache)
     return decode_n_tokens(
-        model, logits, prompt_len, cache, n,
-        pick=pick, stop_ids=stop_ids, force=options.force_new_tokens, on_token=on_token,
+        model,
+        logits,
+        prompt_len,
+        cache,
+        n,
+        pick=pick,
+        stop_ids=stop_ids,
+        force=options.force_new_tokens,
+        on_token=on_token,
     )

@@ -30,8 +30,15 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     p = torch.get_num_threads()
     n, k = weight.shape
     if (
-        p > 1 and bias is None and x.numel() == k and n % p == 0 and n // p >= 64 and k >= 64 and weight.is_contiguous()
-        and x.dtype == weight.dtype == torch.float32 and x.device.type == "cpu"
+        p > 1
+        and bias is None
+        and x.numel() == k
+        and n % p == 0
+        and n // p >= 64
+        and k >= 64
+        and weight.is_contiguous()
+        and x.dtype == weight.dtype == torch.float32
+        and x.device.type == "cpu"
     ):
         blocks = weight.view(p, n // p, k).transpose(1, 2)  # (p, k, n / p)
         return torch.bmm(x.reshape(1, 1, k).expand(p, 1, k), blocks).view(*x.shape[:-1], n)

@@ -23,7 +23,11 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 TOKENIZER_FILE = "tokenizer.json"
 GENERATION_CONFIG_FILE = "generation_config.json"
 # Where a chat template may live, in the order transformers' processor looks.
-CHAT_TEMPLATE_SOURCES = (("chat_template.json", "json"), ("chat_template.jinja", "raw"), ("tokenizer_config.json", "json"))
+CHAT_TEMPLATE_SOURCES = (
+    ("chat_template.json", "json"),
+    ("chat_template.jinja", "raw"),
+    ("tokenizer_config.json", "json"),
+)
 
 IMAGE = "<image>"
 FAKE_AROUND_IMAGE = "<fake_token_around_image>"
@@ -160,7 +164,9 @@ def _compile_template(source: str, path: Path) -> Any:
     def raise_exception(message: str) -> None:
         raise jinja2.exceptions.TemplateError(message)
 
-    def tojson(x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None, sort_keys: bool = False) -> str:
+    def tojson(
+        x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None, sort_keys: bool = False
+    ) -> str:
         return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])

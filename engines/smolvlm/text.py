@@ -58,7 +58,9 @@ class KVCache:
 
     def fits(self, batch: int, length: int, dtype: torch.dtype, device) -> bool:
         return (
-            self.batch == batch and self.max_len >= length and self.dtype == dtype
+            self.batch == batch
+            and self.max_len >= length
+            and self.dtype == dtype
             and self.device == torch.device(device)
         )
 

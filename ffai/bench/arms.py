@@ -43,8 +43,13 @@ class FfaiArm:
         # Placement and threads as `ffai caption` chooses them for a video run on these cores;
         # the pipeline sets the thread counts, as it does for `ffai caption`.
         runtime = RuntimeOptions(dtype=dtype, device="cpu")
-        options = CaptionOptions(model=str(model_dir), fps=cases.CLIP_FPS, window=cases.CLIP_WINDOW,
-                                 decoding=cases.decoding(), runtime=runtime)
+        options = CaptionOptions(
+            model=str(model_dir),
+            fps=cases.CLIP_FPS,
+            window=cases.CLIP_WINDOW,
+            decoding=cases.decoding(),
+            runtime=runtime,
+        )
         self.captioner = Captioner(options, video=True, cores=cores)
 
     def load(self) -> None:
@@ -99,6 +104,7 @@ class ReferenceArm:
 
     def answer(self, item: Item | QualityItem, options: DecodingOptions) -> tuple[list[int], str]:
         import torch
+
         from ffai_smolvlm.engine import prompt_text
 
         n = len(item.images)
@@ -110,7 +116,7 @@ class ReferenceArm:
             budget["min_new_tokens"] = options.max_new_tokens
         with torch.inference_mode():
             out = self.model.generate(**inputs, **budget)
-        tokens = out[0, inputs["input_ids"].shape[1]:].tolist()
+        tokens = out[0, inputs["input_ids"].shape[1] :].tolist()
         # transformers keeps the stop token that ended the answer; ffai leaves it out.
         if tokens and tokens[-1] in self.stop_ids and not options.force_new_tokens:
             tokens = tokens[:-1]
@@ -126,8 +132,10 @@ class ReferenceArm:
     def info(self) -> dict:
         import torch
 
-        return {"torch_threads": {"main": torch.get_num_threads()},
-                "image_processor": type(self.processor.image_processor).__name__}
+        return {
+            "torch_threads": {"main": torch.get_num_threads()},
+            "image_processor": type(self.processor.image_processor).__name__,
+        }
 
     def close(self) -> None:
         self.model = self.processor = None
@@ -161,8 +169,17 @@ def run_quality(arm, corpus: Path | None, n: int) -> dict:
     return {"time_s": time.perf_counter() - start, "correct": correct, "total": len(items), "answers": texts}
 
 
-def run(arm_name: str, case: str, model_dir: Path, *, dtype: str = "float32", cores: int | None = None,
-        clip: Path | None = None, corpus: Path | None = None, quality_n: int = cases.DEMO_N) -> dict:
+def run(
+    arm_name: str,
+    case: str,
+    model_dir: Path,
+    *,
+    dtype: str = "float32",
+    cores: int | None = None,
+    clip: Path | None = None,
+    corpus: Path | None = None,
+    quality_n: int = cases.DEMO_N,
+) -> dict:
     """One arm on one case in this process; the result the parent reads as JSON."""
     arm = ARM_TYPES[arm_name](model_dir, dtype, cores or available_cores())
     start = time.perf_counter()
@@ -173,15 +190,43 @@ def run(arm_name: str, case: str, model_dir: Path, *, dtype: str = "float32", co
         info = arm.info()
     finally:
         arm.close()
-    return {"arm": arm_name, "case": case, "dtype": dtype if arm_name == "ffai" else "float32",
-            "load_s": load_s, **result, **info}
+    return {
+        "arm": arm_name,
+        "case": case,
+        "dtype": dtype if arm_name == "ffai" else "float32",
+        "load_s": load_s,
+        **result,
+        **info,
+    }
 
 
-def command(arm: str, case: str, model_dir: Path, *, dtype: str, cores: int, clip: Path | None = None,
-            corpus: Path | None = None, quality_n: int = cases.DEMO_N) -> list[str]:
+def command(
+    arm: str,
+    case: str,
+    model_dir: Path,
+    *,
+    dtype: str,
+    cores: int,
+    clip: Path | None = None,
+    corpus: Path | None = None,
+    quality_n: int = cases.DEMO_N,
+) -> list[str]:
     """The command line that runs ``run(...)`` in a fresh Python process."""
-    cmd = [sys.executable, "-m", "ffai.bench.arms", arm, case, "--model", str(model_dir), "--dtype", dtype,
-           "--cores", str(cores), "--quality-n", str(quality_n)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "ffai.bench.arms",
+        arm,
+        case,
+        "--model",
+        str(model_dir),
+        "--dtype",
+        dtype,
+        "--cores",
+        str(cores),
+        "--quality-n",
+        str(quality_n),
+    ]
     if clip is not None:
         cmd += ["--clip", str(clip)]
     if corpus is not None:
@@ -201,8 +246,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quality-n", type=int, default=cases.DEMO_N)
     args = parser.parse_args(argv)
     try:
-        result = run(args.arm, args.case, args.model, dtype=args.dtype, cores=args.cores, clip=args.clip,
-                     corpus=args.corpus, quality_n=args.quality_n)
+        result = run(
+            args.arm,
+            args.case,
+            args.model,
+            dtype=args.dtype,
+            cores=args.cores,
+            clip=args.clip,
+            corpus=args.corpus,
+            quality_n=args.quality_n,
+        )
     except FfaiError as e:
         print(f"ffai: error: {' '.join(str(e).split())}", file=sys.stderr, flush=True)
         return e.exit_code

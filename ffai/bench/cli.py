@@ -114,8 +114,10 @@ def run_bench(options: BenchOptions, log: Callable[[str], None] = lambda message
         clip = inputs.write_clip(Path(tmp) / "clip.mp4") if "clip" in options.cases else None
         for case, r, arm in gates.schedule(list(options.cases), options.repeats):
             result = run_arm(arm, case, model_dir, options, cores, clip=clip if case == "clip" else None)
-            log(f"{case} {r + 1}/{options.repeats} {arm}: {result['time_s']:.2f} s, "
-                f"peak RSS {result['peak_rss'] / MIB:.0f} MiB")
+            log(
+                f"{case} {r + 1}/{options.repeats} {arm}: {result['time_s']:.2f} s, "
+                f"peak RSS {result['peak_rss'] / MIB:.0f} MiB"
+            )
             runs[case][arm].append(result)
     quality = None
     if corpus is not None:
@@ -127,8 +129,16 @@ def run_bench(options: BenchOptions, log: Callable[[str], None] = lambda message
             log(f"quality {arm}: {result['correct']}/{result['total']}")
     records = [gates.summarize_case(case, runs[case], options.dtype) for case in options.cases]
     results = gates.gates(records, quality, options.dtype)
-    return {"model": str(model_dir), "dtype": options.dtype, "repeats": options.repeats, "cores": cores,
-            "cases": records, "quality": quality, "gates": results, "passed": gates.passed(results)}
+    return {
+        "model": str(model_dir),
+        "dtype": options.dtype,
+        "repeats": options.repeats,
+        "cores": cores,
+        "cases": records,
+        "quality": quality,
+        "gates": results,
+        "passed": gates.passed(results),
+    }
 
 
 # --- presentation --------------------------------------------------------------------------
@@ -160,10 +170,15 @@ def render(report: dict, console) -> None:
     for r in records:
         tokens = "same" if r["tokens"]["equal"] else f"{100 * r['tokens']['agreement']:.0f}% same"
         table.add_row(
-            r["case"], str(r["tokens"]["items"]), _times(r["ffai"]), _times(r["reference"]),
+            r["case"],
+            str(r["tokens"]["items"]),
+            _times(r["ffai"]),
+            _times(r["reference"]),
             f"{r['speedup_median']:.2f}x {_mark(r['speedup_target_met'])}",
-            f"{r['ffai']['peak_rss'] / MIB:.0f}", f"{r['reference']['peak_rss'] / MIB:.0f}",
-            f"{r['rss_ratio']:.2f}x {_mark(r['rss_target_met'])}", tokens,
+            f"{r['ffai']['peak_rss'] / MIB:.0f}",
+            f"{r['reference']['peak_rss'] / MIB:.0f}",
+            f"{r['rss_ratio']:.2f}x {_mark(r['rss_target_met'])}",
+            tokens,
         )
     console.print(table)
     checks = Table(title="gates")
@@ -176,23 +191,49 @@ def render(report: dict, console) -> None:
 
 @bench_app.command("vlm")
 def vlm(
-    model: Annotated[Optional[str], typer.Option("--model", help="Model name or checkpoint folder (default: real SmolVLM-256M shapes, random weights).")] = None,
-    case_list: Annotated[str, typer.Option("--cases", help="Comma-separated subset of frame,still,window,clip.")] = ",".join(inputs.CASES),
+    model: Annotated[
+        Optional[str],
+        typer.Option(
+            "--model", help="Model name or checkpoint folder (default: real SmolVLM-256M shapes, random weights)."
+        ),
+    ] = None,
+    case_list: Annotated[
+        str, typer.Option("--cases", help="Comma-separated subset of frame,still,window,clip.")
+    ] = ",".join(inputs.CASES),
     repeats: Annotated[int, typer.Option("--repeats", help="Timed runs per arm and case (ABBA order).")] = 2,
-    dtype: Annotated[str, typer.Option("--dtype", help="ffai's dtype: float32, or bfloat16 (against the float32 reference).")] = "float32",
-    quality_corpus: Annotated[Optional[Path], typer.Option("--quality-corpus", help="Folder of images + questions.jsonl for the quality gate.")] = None,
-    quality_n: Annotated[int, typer.Option("--quality-n", help="Held-out scenes asked of the demo model.")] = inputs.DEMO_N,
-    cores: Annotated[Optional[int], typer.Option("--cores", help="Cores both arms may use (default: all available).")] = None,
+    dtype: Annotated[
+        str, typer.Option("--dtype", help="ffai's dtype: float32, or bfloat16 (against the float32 reference).")
+    ] = "float32",
+    quality_corpus: Annotated[
+        Optional[Path],
+        typer.Option("--quality-corpus", help="Folder of images + questions.jsonl for the quality gate."),
+    ] = None,
+    quality_n: Annotated[
+        int, typer.Option("--quality-n", help="Held-out scenes asked of the demo model.")
+    ] = inputs.DEMO_N,
+    cores: Annotated[
+        Optional[int], typer.Option("--cores", help="Cores both arms may use (default: all available).")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON on stdout.")] = False,
-    ledger_path: Annotated[Optional[Path], typer.Option("--ledger", help="Append one JSON line per run here (default: $FFAI_HOME/bench/ledger.jsonl).")] = None,
+    ledger_path: Annotated[
+        Optional[Path],
+        typer.Option("--ledger", help="Append one JSON line per run here (default: $FFAI_HOME/bench/ledger.jsonl)."),
+    ] = None,
     no_fail: Annotated[bool, typer.Option("--no-fail", help="Exit 0 even when a gate fails.")] = False,
     quiet: Annotated[bool, typer.Option("-q", "--quiet", help="No progress lines on stderr.")] = False,
 ) -> None:
     """ffai against the transformers reference: correctness, quality, footprint and speed gates."""
     from rich.console import Console
 
-    options = BenchOptions(model=model, cases=parse_cases(case_list), repeats=repeats, dtype=dtype,
-                           quality_corpus=quality_corpus, quality_n=quality_n, cores=cores)
+    options = BenchOptions(
+        model=model,
+        cases=parse_cases(case_list),
+        repeats=repeats,
+        dtype=dtype,
+        quality_corpus=quality_corpus,
+        quality_n=quality_n,
+        cores=cores,
+    )
 
     def log(message: str) -> None:
         if not quiet:

@@ -54,10 +54,18 @@ def compare_tokens(ours: dict[str, list[int]], theirs: dict[str, list[int]]) -> 
         same += sum(x == y for x, y in zip(a, b))
         if first is None and a != b:
             pos = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-            first = {"item": item, "position": pos, "ffai": a[pos] if pos < len(a) else None,
-                     "reference": b[pos] if pos < len(b) else None}
-    return {"equal": first is None and total > 0, "first_mismatch": first,
-            "agreement": round(same / total, 4) if total else 0.0, "items": len(set(ours) | set(theirs))}
+            first = {
+                "item": item,
+                "position": pos,
+                "ffai": a[pos] if pos < len(a) else None,
+                "reference": b[pos] if pos < len(b) else None,
+            }
+    return {
+        "equal": first is None and total > 0,
+        "first_mismatch": first,
+        "agreement": round(same / total, 4) if total else 0.0,
+        "items": len(set(ours) | set(theirs)),
+    }
 
 
 def _natural(item: str) -> tuple:
@@ -104,8 +112,11 @@ def correctness_gate(records: list[dict], dtype: str) -> dict:
     if not bad:
         return _gate(PASS, f"tokens identical in {sum(r['tokens']['items'] for r in records)} items")
     m = bad[0]["tokens"]["first_mismatch"]
-    return _gate(FAIL, f"{bad[0]['case']}: item {m['item']} differs at token {m['position']} "
-                       f"(ffai {m['ffai']}, reference {m['reference']})")
+    return _gate(
+        FAIL,
+        f"{bad[0]['case']}: item {m['item']} differs at token {m['position']} "
+        f"(ffai {m['ffai']}, reference {m['reference']})",
+    )
 
 
 def quality_gate(quality: dict | None) -> dict:

@@ -21,7 +21,18 @@ from ffai.errors import OutputError
 from ffai.models import ffai_home
 
 PACKAGES = ("ffai", "torch", "transformers", "tokenizers", "av", "pillow")
-REQUIRED_KEYS = ("time", "versions", "cores", "torch_threads", "git_commit", "model", "dtype", "repeats", "cases", "gates")
+REQUIRED_KEYS = (
+    "time",
+    "versions",
+    "cores",
+    "torch_threads",
+    "git_commit",
+    "model",
+    "dtype",
+    "repeats",
+    "cases",
+    "gates",
+)
 
 
 def default_ledger() -> Path:
@@ -46,8 +57,13 @@ def git_commit(repo: Path = REPO) -> str | None:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, timeout=10)
         if head.returncode != 0:
             return None
-        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo,
-                                capture_output=True, text=True, timeout=10)
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=repo,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return head.stdout.strip() + ("+dirty" if status.stdout.strip() else "")
@@ -68,13 +84,17 @@ def ledger_line(report: dict) -> dict:
     cases = {record["case"]: {k: v for k, v in record.items() if k != "case"} for record in report["cases"]}
     quality = report["quality"]
     if quality is not None:  # the answers themselves stay in the --json report
-        quality = {k: v if k == "corpus" else {n: c for n, c in v.items() if n != "answers"} for k, v in quality.items()}
+        quality = {
+            k: v if k == "corpus" else {n: c for n, c in v.items() if n != "answers"} for k, v in quality.items()
+        }
     return {
         "time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "versions": versions(),
         "cores": report["cores"],
         "cpu": cpu_model(),
-        "torch_threads": {r["case"]: {arm: r[arm]["torch_threads"] for arm in ("ffai", "reference")} for r in report["cases"]},
+        "torch_threads": {
+            r["case"]: {arm: r[arm]["torch_threads"] for arm in ("ffai", "reference")} for r in report["cases"]
+        },
         "git_commit": git_commit(),
         "model": report["model"],
         "dtype": report["dtype"],

@@ -79,7 +79,9 @@ def make_scheduler(config: StageConfig, turn: threading.Lock | None = None) -> S
         if batching:
             raise ConfigError(f"stage {config.name!r}: batching options apply only when the factory returns a function")
         if turn is not None:
-            raise ConfigError(f"stage {config.name!r}: a serial process needs stages that are functions, not Schedulers")
+            raise ConfigError(
+                f"stage {config.name!r}: a serial process needs stages that are functions, not Schedulers"
+            )
         return made
     if not callable(made):
         kind = type(made).__name__
