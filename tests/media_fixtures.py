@@ -1,7 +1,7 @@
-"""Shared helpers for tests that need media: the clip writers of ffai.bench.sample_media, plus
-an independent reading of a clip's timestamps and the sampling rule applied to them.
+"""An independent reading of a clip's timestamps and the sampling rule applied to them, for
+tests that check ffai.media against them. The clips themselves come from ffai.bench.sample_media:
 
-    from media_fixtures import make_clip, read_frame_index
+    from ffai.bench.sample_media import make_clip
     clip = make_clip(tmp_path / "clip.mp4", seconds=12, fps=25)  # 64x48, about 0.2 s to write
 """
 
@@ -12,37 +12,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import av
-
-from ffai.bench.sample_media import (
-    CORNERS,
-    make_10bit_clip,
-    make_audio_only,
-    make_clip,
-    make_odd_size_clip,
-    make_rotated_clip,
-    make_truncated_mp4,
-    make_vfr_clip,
-    make_zero_frame_clip,
-    read_frame_index,
-    vfr_times_ms,
-)
-
-# The writers are the package's; the tests import them from here beside the two readers below.
-__all__ = [
-    "CORNERS",
-    "decoded_times",
-    "expected_sample_times",
-    "make_10bit_clip",
-    "make_audio_only",
-    "make_clip",
-    "make_odd_size_clip",
-    "make_rotated_clip",
-    "make_truncated_mp4",
-    "make_vfr_clip",
-    "make_zero_frame_clip",
-    "read_frame_index",
-    "vfr_times_ms",
-]
 
 
 def decoded_times(path: str | Path) -> list[float]:

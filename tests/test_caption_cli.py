@@ -13,8 +13,8 @@ import pytest
 import srt
 from PIL import Image
 
+from ffai.bench.sample_media import make_audio_only, make_clip, make_truncated_mp4, make_zero_frame_clip
 from ffai.cli import run
-from media_fixtures import make_audio_only, make_clip, make_truncated_mp4, make_zero_frame_clip
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +37,11 @@ def caption(capsys, *args: str) -> tuple[int, str, str]:
     return code, out, err
 
 
+def caption_with(capsys, source: Path, model: Path, flags: str = "", *more: object) -> tuple[int, str, str]:
+    """``ffai caption -i SOURCE --model MODEL FLAGS MORE...``; FLAGS is split on spaces."""
+    return caption(capsys, "-i", str(source), "--model", str(model), *flags.split(), *map(str, more))
+
+
 def one_error_line(err: str, fragment: str = "") -> str:
     lines = err.strip().splitlines()
     assert len(lines) == 1, err
@@ -56,21 +61,7 @@ def test_still_prints_one_caption(capsys, image, tiny_checkpoint):
 
 def test_video_to_srt_tiles_the_timeline(capsys, clip, tiny_checkpoint, tmp_path):
     out = tmp_path / "clip.srt"
-    code, _, err = caption(
-        capsys,
-        "-i",
-        str(clip),
-        "--model",
-        str(tiny_checkpoint),
-        "--fps",
-        "2",
-        "--window",
-        "4",
-        "--max-new-tokens",
-        "4",
-        "-o",
-        str(out),
-    )
+    code, _, err = caption_with(capsys, clip, tiny_checkpoint, "--fps 2 --window 4 --max-new-tokens 4 -o", out)
     assert code == 0, err
     cues = list(srt.parse(out.read_text(encoding="utf-8")))
     assert [c.start.total_seconds() for c in cues] == [0.0, 2.0, 4.0]
@@ -79,23 +70,7 @@ def test_video_to_srt_tiles_the_timeline(capsys, clip, tiny_checkpoint, tmp_path
 
 
 def test_jsonl_streams_to_stdout(capsys, clip, tiny_checkpoint):
-    code, out, err = caption(
-        capsys,
-        "-i",
-        str(clip),
-        "--model",
-        str(tiny_checkpoint),
-        "--fps",
-        "1",
-        "--window",
-        "2",
-        "--max-new-tokens",
-        "3",
-        "-o",
-        "-",
-        "-f",
-        "jsonl",
-    )
+    code, out, err = caption_with(capsys, clip, tiny_checkpoint, "--fps 1 --window 2 --max-new-tokens 3 -o - -f jsonl")
     assert code == 0, err
     cues = [json.loads(line) for line in out.splitlines()]
     assert [c["index"] for c in cues] == [1, 2, 3]
@@ -104,24 +79,8 @@ def test_jsonl_streams_to_stdout(capsys, clip, tiny_checkpoint):
 
 def test_json_document_and_segment(capsys, clip, tiny_checkpoint, tmp_path):
     out = tmp_path / "seg.json"
-    code, _, err = caption(
-        capsys,
-        "-i",
-        str(clip),
-        "--model",
-        str(tiny_checkpoint),
-        "--fps",
-        "1",
-        "--window",
-        "2",
-        "-ss",
-        "2",
-        "-t",
-        "3",
-        "--max-new-tokens",
-        "3",
-        "-o",
-        str(out),
+    code, _, err = caption_with(
+        capsys, clip, tiny_checkpoint, "--fps 1 --window 2 -ss 2 -t 3 --max-new-tokens 3 -o", out
     )
     assert code == 0, err
     doc = json.loads(out.read_text(encoding="utf-8"))
@@ -189,13 +148,7 @@ def test_several_inputs_continue_past_a_failure(capsys, clip, image, tiny_checkp
         str(image),
         "--model",
         str(tiny_checkpoint),
-        "--max-frames",
-        "2",
-        "--window",
-        "2",
-        "--max-new-tokens",
-        "2",
-        "-o",
+        *"--max-frames 2 --window 2 --max-new-tokens 2 -o".split(),
         pattern,
     )
     assert code == 1

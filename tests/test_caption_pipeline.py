@@ -14,11 +14,11 @@ import pytest
 
 import ffai
 from ffai import media
+from ffai.bench.sample_media import make_clip
 from ffai.captioning import Captioner, CaptionOptions, pipeline_config, placement
 from ffai.engine import DecodingOptions, DescribeRequest, RuntimeOptions
 from ffai.errors import UsageError
 from ffai.pipeline import PipelineError
-from media_fixtures import make_clip
 
 
 @pytest.fixture(scope="module")

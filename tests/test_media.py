@@ -17,11 +17,8 @@ import pytest
 from PIL import Image
 
 from ffai import media
-from ffai.errors import MediaError, UsageError
-from media_fixtures import (
+from ffai.bench.sample_media import (
     CORNERS,
-    decoded_times,
-    expected_sample_times,
     make_10bit_clip,
     make_audio_only,
     make_clip,
@@ -33,6 +30,8 @@ from media_fixtures import (
     read_frame_index,
     vfr_times_ms,
 )
+from ffai.errors import MediaError, UsageError
+from media_fixtures import decoded_times, expected_sample_times
 
 CFR_FPS = 25
 
