@@ -30,6 +30,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  wrong ({item.kind}, {item.canvas[0]}x{item.canvas[1]}): expected {item.answer!r}, got {text.strip()!r}")
     parts = ", ".join(f"{kind}s {c}/{t}" for kind, (c, t) in sorted(result.by_kind.items()))
     print(f"held-out exact-caption accuracy: {result.correct}/{result.total} = {100 * result.accuracy:.1f} % ({parts})")
+    for group in demo_eval.GROUPS:
+        correct, total = result.by_group.get(group, (0, 0))
+        print(f"  {group}: {correct}/{total} = {100 * result.group_accuracy(group):.1f} %")
     return 0
 
 

@@ -14,13 +14,14 @@ with ``save_pretrained``, so its tensor names are those of the real checkpoint.
 - Inputs are built by the engine's own code (``preprocess_images`` + ``PromptBuilder`` on the
   folder being written, prompt text from ``engine.prompt_text``), so training and inference see
   the same token ids and pixels. The loss covers only the answer and ``<end_of_utterance>``.
-- Samples: stills (split path) and windows of 1-8 frames of one scene, still or moving, drawn
-  at several canvas sizes; geometry cells of the ``heldout`` split are never drawn.
+- Samples: stills (split path) and windows of 1-8 frames of one scene, still or moving, of
+  both polarities (bright on dark, deep on light), drawn at a few near-square canvas sizes or
+  at a random aspect ratio; geometry cells of the ``heldout`` split are never drawn.
 - Two phases: the vision tower first learns shape/colour/background through a training-only
   label head on single frames (cheap, and the caption loss alone is slow to teach shapes),
   then the connector and text tower learn the captions with the vision tower frozen.
 
-Usage: python scripts/train_demo_model.py [--out models/smolvlm-demo] [--seed 0] [--vision-steps N] [--steps N]
+Usage: python scripts/train_demo_model.py [--out models/smolvlm-demo] [--seed 0] [--vision-steps N] [--steps N] [--eval-n N]
 Writes the folder (atomically), its RECIPE.md and the manifest ``models/smolvlm-demo.toml``.
 """
 
@@ -65,16 +66,18 @@ class Recipe:
 
     seed: int = 0
     # Phase 1: the vision tower alone, on single frames, with a training-only label head.
-    vision_steps: int = 1500
+    vision_steps: int = 3000
     vision_batch: int = 32
     # Phase 2: connector + text tower on captions, the vision tower frozen.
-    steps: int = 400
+    steps: int = 500
     batch: int = 32
     lr: float = 1.5e-3
     warmup: int = 60
     weight_decay: float = 0.01
     grad_clip: float = 1.0
-    threads: int = 2
+    # One thread: on this 2-core machine shared with other jobs, a vision step took 0.7 s with
+    # one torch thread and 3.7 s with two (the two threads wait on each other).
+    threads: int = 1
     still_share: float = 0.3  # samples that are a still image (split=True); the rest are windows
     max_frames: int = 8
     # A window has n frames with probability proportional to n ** -frame_decay: shapes are
@@ -83,6 +86,9 @@ class Recipe:
     cut_share: float = 0.15  # windows that straddle a cut between two scenes (see SampleMaker._cut)
     # Canvas sizes (width, height) a sample is rendered at; the preprocessor squashes each to 64 x 64.
     canvases: tuple[tuple[int, int], ...] = ((128, 96), (96, 96), (160, 120), (64, 64), (96, 72), (112, 84))
+    # The other samples are drawn at demo_scenes.random_canvas: any aspect ratio from portrait to
+    # wider than 16:9, which the preprocessor squashes to 64 x 64 (shapes arrive stretched).
+    free_canvas_share: float = 0.5
     vision_hidden: int = 128
     vision_layers: int = 3
     vision_heads: int = 4
@@ -255,14 +261,20 @@ class SampleMaker:
         # The leading space is what follows "Assistant:" in SmolVLM's own answers.
         return self.tokenizer.encode(" " + caption, add_special_tokens=False).ids + [self.end_id]
 
+    def canvas(self) -> tuple[int, int]:
+        if self.rng.random() < self.recipe.free_canvas_share:
+            return demo_scenes.random_canvas(self.rng)
+        return self.rng.choice(self.recipe.canvases)
+
     def sample(self) -> Sample:
         import torch
-        from ffai.engine import DecodingOptions
         from ffai_smolvlm.engine import prompt_text
         from ffai_smolvlm.preprocess import preprocess_images
 
+        from ffai.engine import DecodingOptions
+
         r = self.recipe
-        canvas = self.rng.choice(r.canvases)
+        canvas = self.canvas()
         split = self.rng.random() < r.still_share
         if not split and self.rng.random() < r.cut_share:
             scenes, scene = self._cut(self.rng.randint(2, r.max_frames), canvas)
@@ -294,7 +306,7 @@ class SampleMaker:
         from ffai_smolvlm.preprocess import preprocess_images
 
         scenes = [demo_scenes.sample_scene(self.rng, "train") for _ in range(n)]
-        images = [demo_scenes.render(s, 1, self.rng.choice(self.recipe.canvases))[0] for s in scenes]
+        images = [demo_scenes.render(s, 1, self.canvas())[0] for s in scenes]
         pixels = preprocess_images(images, self.processor, split=False).pixel_values
         return pixels, torch.cat([scene_labels(s) for s in scenes])
 
@@ -492,7 +504,7 @@ def write_manifest(folder: Path, manifest: Path) -> None:
     manifest.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
-def write_recipe(folder: Path, recipe: Recipe, vocab_size: int, history, wall_s: float, accuracy: tuple[int, int] | None) -> None:
+def write_recipe(folder: Path, recipe: Recipe, vocab_size: int, history, wall_s: float, result: demo_eval.Result | None) -> None:
     import torch
     import transformers
 
@@ -502,9 +514,16 @@ def write_recipe(folder: Path, recipe: Recipe, vocab_size: int, history, wall_s:
     caption_rows = "\n".join(
         f"| {s} | {loss:.4f} | " + " | ".join(f"{acc[k]:.2f}" for k in ANSWER_SLOTS) + " |" for s, loss, acc in caption_history
     )
-    acc_line = "not measured (--no-eval)"
-    if accuracy is not None:
-        acc_line = f"{accuracy[0]}/{accuracy[1]} = {100 * accuracy[0] / accuracy[1]:.1f} % exact captions"
+    acc_line = "not measured (--eval-n 0)"
+    if result is not None:
+        acc_line = f"{result.correct}/{result.total} = {100 * result.accuracy:.1f} % exact captions; " + ", ".join(
+            f"{group} {c}/{t} = {100 * c / t:.1f} %" for group in demo_eval.GROUPS for c, t in [result.by_group.get(group, (0, 0))] if t
+        )
+    palettes = "\n".join(
+        f"  - {polarity}: shapes {', '.join(demo_scenes.SHAPE_COLOURS[polarity])} on backgrounds "
+        f"{', '.join(demo_scenes.BACKGROUND_COLOURS[polarity])}"
+        for polarity in demo_scenes.POLARITIES
+    )
     text = f"""# smolvlm-demo: how it was made
 
 A tiny Idefics3 (SmolVLM architecture) trained from scratch on synthetic scenes, so that
@@ -517,9 +536,9 @@ Evaluate: `python scripts/eval_demo_model.py`
 
 ## Data (ffai/bench/demo_scenes.py)
 
-- shapes {", ".join(demo_scenes.SHAPES)}; bright colours {", ".join(demo_scenes.COLOURS)};
-  dark backgrounds {", ".join(demo_scenes.BACKGROUNDS)} (never the shape's colour name):
-  {len(demo_scenes.all_captions())} captions
+- shapes {", ".join(demo_scenes.SHAPES)}; two polarities, half the scenes each:
+{palettes}
+  (never the shape's colour name): {len(demo_scenes.all_captions())} captions
 - radius {demo_scenes.RADIUS[0]}-{demo_scenes.RADIUS[1]} of the short side, centre within
   [{demo_scenes.EDGE}, {1 - demo_scenes.EDGE}], {int(100 * demo_scenes.MOVING_SHARE)} % moving in one of
   {demo_scenes.DIRECTIONS} directions over {demo_scenes.TRAVEL[0]}-{demo_scenes.TRAVEL[1]} of the frame
@@ -527,7 +546,9 @@ Evaluate: `python scripts/eval_demo_model.py`
 - samples: {int(100 * recipe.still_share)} % stills (split=True, "Describe this image."), the rest windows of
   1-{recipe.max_frames} frames of one scene (split=False), n frames with weight n^-{recipe.frame_decay};
   {int(100 * recipe.cut_share)} % of windows straddle a cut between two scenes and take the caption of the scene
-  with more frames (the first on a tie); canvases {", ".join(f"{w}x{h}" for w, h in recipe.canvases)}
+  with more frames (the first on a tie); canvases: {int(100 * (1 - recipe.free_canvas_share))} % one of
+  {", ".join(f"{w}x{h}" for w, h in recipe.canvases)}, the rest width/height log-uniform over
+  {demo_scenes.ASPECT[0]}-{demo_scenes.ASPECT[1]} with the long side {demo_scenes.LONG_SIDE[0]}-{demo_scenes.LONG_SIDE[1]} px
 - inputs built by the engine's preprocess_images + PromptBuilder; caption loss on the answer and `<end_of_utterance>` only
 
 ## Model
@@ -576,7 +597,7 @@ def _publishable(folder: Path) -> None:
         path.chmod(0o644)
 
 
-def build(out: Path, recipe: Recipe, *, evaluate: bool = True, manifest: Path | None = None) -> Path:
+def build(out: Path, recipe: Recipe, *, eval_n: int = demo_eval.DEFAULT_N, manifest: Path | None = None) -> Path:
     """Train and write the checkpoint folder ``out``: into a temporary folder beside it, moved
     into place once complete, so an interrupted run leaves the old folder as it was."""
     out = Path(out)
@@ -590,12 +611,11 @@ def build(out: Path, recipe: Recipe, *, evaluate: bool = True, manifest: Path | 
         model.save_pretrained(staging, safe_serialization=True)
         write_generation_config(staging, ids)
         wall_s = time.perf_counter() - started
-        accuracy = None
-        if evaluate:
-            result = demo_eval.evaluate(staging, n=demo_eval.DEFAULT_N, seed=demo_eval.DEFAULT_SEED)
-            accuracy = (result.correct, result.total)
-            print(f"held-out accuracy {result.correct}/{result.total}")
-        write_recipe(staging, recipe, tok.get_vocab_size(), history, wall_s, accuracy)
+        result = None
+        if eval_n:
+            result = demo_eval.evaluate(staging, n=eval_n, seed=demo_eval.DEFAULT_SEED)
+            print(f"held-out accuracy {result.correct}/{result.total} {result.by_group}")
+        write_recipe(staging, recipe, tok.get_vocab_size(), history, wall_s, result)
         _publishable(staging)
         if out.exists():
             shutil.rmtree(out)
@@ -616,14 +636,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=Recipe.seed)
     parser.add_argument("--batch", type=int, default=Recipe.batch)
     parser.add_argument("--lr", type=float, default=Recipe.lr)
-    parser.add_argument("--no-eval", action="store_true", help="skip the held-out evaluation at the end")
+    parser.add_argument("--eval-n", type=int, default=demo_eval.DEFAULT_N, help="held-out scenes to evaluate at the end (0: none)")
     parser.add_argument("--manifest", type=Path, default=None, help=f"write the manifest here (default: models/{MANIFEST_NAME}.toml when --out is the default)")
     args = parser.parse_args(argv)
     recipe = Recipe(seed=args.seed, vision_steps=args.vision_steps, steps=args.steps, batch=args.batch, lr=args.lr)
     manifest = args.manifest
     if manifest is None and args.out.resolve() == DEFAULT_OUT:
         manifest = REPO / "models" / f"{MANIFEST_NAME}.toml"
-    print(build(args.out, recipe, evaluate=not args.no_eval, manifest=manifest))
+    print(build(args.out, recipe, eval_n=args.eval_n, manifest=manifest))
     return 0
 
 

@@ -1,6 +1,6 @@
-"""The bundled demo checkpoint (models/smolvlm-demo): it captions held-out synthetic scenes
-through the engine, ``ffai caption`` on the bundled clip gives each scene's caption in its
-time range, and its manifest pins the shipped files."""
+"""The bundled demo checkpoint (models/smolvlm-demo): it captions held-out synthetic scenes of
+both polarities and of non-square frames through the engine, ``ffai caption`` on the bundled
+clip gives each scene's caption in its time range, and its manifest pins the shipped files."""
 
 from __future__ import annotations
 
@@ -26,8 +26,9 @@ MAX_CLIP_BYTES = 2**20
 
 @pytest.fixture(scope="module")
 def demo_model():
-    from ffai.engine import RuntimeOptions
     from ffai_smolvlm import ENGINE
+
+    from ffai.engine import RuntimeOptions
 
     return ENGINE.load(DEMO, RuntimeOptions(device="cpu"))
 
@@ -41,16 +42,58 @@ def test_heldout_scenes_are_unseen_geometry():
     # Same label space, both kinds of motion, and the draw is reproducible.
     assert {demo_scenes.caption(s) for s in heldout} <= set(demo_scenes.all_captions())
     assert any(s.moving for s in heldout) and any(not s.moving for s in heldout)
+    assert {s.polarity for s in heldout} == set(demo_scenes.POLARITIES)
     assert demo_scenes.scenes("heldout", 200, seed=0) == heldout
     assert demo_scenes.scenes("heldout", 200, seed=1) != heldout
 
 
+def _luma(rgb: tuple[int, int, int]) -> float:
+    r, g, b = rgb
+    return 0.299 * r + 0.587 * g + 0.114 * b
+
+
+def test_every_allowed_pair_has_its_polarity_with_a_clear_margin():
+    # The palettes are what makes "light-on-dark" and "dark-on-light" true of every scene: each
+    # shape colour is the lighter (darker) side of its edge by a brightness margin (the first
+    # model's light-on-dark palette has red on dark gray at 30; the deep-on-light one is wider).
+    pairs = 0
+    for polarity, sign, margin in ((demo_scenes.LIGHT_ON_DARK, 1, 30), (demo_scenes.DARK_ON_LIGHT, -1, 100)):
+        for colour, fill in demo_scenes.SHAPE_COLOURS[polarity].items():
+            for background, ground in demo_scenes.BACKGROUND_COLOURS[polarity].items():
+                if colour == background:
+                    with pytest.raises(ValueError):
+                        demo_scenes.Scene("circle", colour, background, 0.25, (0.5, 0.5), (0.5, 0.5), polarity)
+                    continue
+                assert sign * (_luma(fill) - _luma(ground)) >= margin, (polarity, colour, background)
+                pairs += 1
+    assert pairs == 28 + 20
+    assert "a green triangle on a white background" in demo_scenes.all_captions()
+    assert "a blue circle on a yellow background" in demo_scenes.all_captions()
+    with pytest.raises(ValueError):  # a bright yellow shape is not in the dark-on-light palette
+        demo_scenes.Scene("circle", "yellow", "white", 0.25, (0.5, 0.5), (0.5, 0.5), demo_scenes.DARK_ON_LIGHT)
+
+
+def test_random_canvases_cover_portrait_to_wide():
+    import random
+
+    rng = random.Random(0)
+    canvases = [demo_scenes.random_canvas(rng) for _ in range(500)]
+    ratios = [w / h for w, h in canvases]
+    lo, hi = demo_scenes.ASPECT
+    assert all(lo * 0.95 <= r <= hi * 1.05 for r in ratios)
+    assert min(ratios) < 9 / 16 and max(ratios) > 16 / 9
+    assert all(max(c) <= demo_scenes.LONG_SIDE[1] for c in canvases)
+
+
 def test_heldout_accuracy_through_the_engine(demo_model):
-    result = demo_eval.evaluate(DEMO, n=40, seed=7, model=demo_model)
-    assert result.total == 40
+    result = demo_eval.evaluate(DEMO, n=90, seed=7, model=demo_model)
+    assert result.total == 90
     assert {"still", "window"} <= set(result.by_kind)
-    wrong = [(item.kind, text) for item, text in result.failures]
-    assert result.accuracy >= 0.9, wrong
+    assert all(result.by_group[g][1] >= 30 for g in demo_eval.GROUPS), result.by_group
+    assert any(item.canvas == (641, 359) for item in demo_eval.items(90, 7))
+    wrong = [(item.kind, item.canvas, item.answer, text) for item, text in result.failures]
+    for group in demo_eval.GROUPS:
+        assert result.group_accuracy(group) >= 0.9, (group, result.by_group, wrong)
 
 
 def _caption_clip(tmp_path, fps: str, window: str) -> list[dict]:

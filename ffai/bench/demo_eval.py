@@ -3,8 +3,11 @@
 The model is loaded by ``ffai_smolvlm`` (not transformers), as ``ffai caption`` loads it. Each
 held-out scene (geometry cells the training never drew, see ``demo_scenes.split_of``) is asked
 once: a quarter as a still image (``split=True``), the rest as a window of 1-8 frames
-(``split=False``), rendered at canvas sizes partly unseen in training. A caption counts only
-if it equals ``demo_scenes.caption(scene)`` exactly (surrounding spaces aside).
+(``split=False``), rendered at canvas sizes partly unseen in training: half near-square (4:3
+or 1:1), half clearly not (portrait, 16:9, 2:1, 641x359...). Scenes are of both polarities,
+about half each. A caption counts only if it equals ``demo_scenes.caption(scene)`` exactly
+(surrounding spaces aside); accuracy is also reported per group: each polarity, and the
+non-square frames (long side at least NON_SQUARE times the short side) of both polarities.
 
 ``scripts/eval_demo_model.py`` prints it, the training script records it in RECIPE.md, the
 tests check it on a small sample and the bench's quality gate asks both arms the same items.
@@ -24,6 +27,16 @@ STILL_SHARE = 0.25
 MAX_FRAMES = 8
 # 128x96 and 96x96 are training canvases; the others are not.
 CANVASES = ((128, 96), (96, 96), (120, 90), (112, 112), (100, 75), (80, 80))
+# Training draws aspect ratios at random (demo_scenes.random_canvas), so these exact sizes are
+# unlikely ever to have been seen.
+NON_SQUARE_CANVASES = (
+    (641, 359), (359, 641), (320, 180), (180, 320), (200, 100), (100, 200),
+    (150, 100), (100, 150), (427, 240), (250, 125), (96, 160), (213, 120),
+)
+NON_SQUARE_SHARE = 0.5
+NON_SQUARE = 1.5  # the aspect ratio from which a frame counts as non-square
+NON_SQUARE_GROUP = "non-square"
+GROUPS = (*demo_scenes.POLARITIES, NON_SQUARE_GROUP)
 MAX_NEW_TOKENS = 16  # a caption is about ten tokens
 
 
@@ -42,6 +55,12 @@ class Item:
     def answer(self) -> str:
         return demo_scenes.caption(self.scene)
 
+    @property
+    def groups(self) -> tuple[str, ...]:
+        """The report groups this item counts in: its polarity, and non-square when it is."""
+        square = demo_scenes.aspect_ratio(self.canvas) < NON_SQUARE
+        return (self.scene.polarity,) if square else (self.scene.polarity, NON_SQUARE_GROUP)
+
     def images(self) -> list:
         return demo_scenes.render(self.scene, self.n_frames, self.canvas)
 
@@ -51,18 +70,23 @@ class Result:
     correct: int = 0
     total: int = 0
     by_kind: dict[str, list[int]] = field(default_factory=dict)  # kind -> [correct, total]
+    by_group: dict[str, list[int]] = field(default_factory=dict)  # one of GROUPS -> [correct, total]
     failures: list[tuple[Item, str]] = field(default_factory=list)
 
     @property
     def accuracy(self) -> float:
         return self.correct / self.total if self.total else 0.0
 
+    def group_accuracy(self, group: str) -> float:
+        correct, total = self.by_group.get(group, (0, 0))
+        return correct / total if total else 0.0
+
     def add(self, item: Item, text: str) -> None:
         ok = text.strip() == item.answer
         kind = "still" if item.split else "window"
-        counts = self.by_kind.setdefault(kind, [0, 0])
-        counts[0] += ok
-        counts[1] += 1
+        for counts in (self.by_kind.setdefault(kind, [0, 0]), *(self.by_group.setdefault(g, [0, 0]) for g in item.groups)):
+            counts[0] += ok
+            counts[1] += 1
         self.correct += ok
         self.total += 1
         if not ok:
@@ -76,14 +100,16 @@ def items(n: int = DEFAULT_N, seed: int = DEFAULT_SEED) -> list[Item]:
     for scene in demo_scenes.scenes("heldout", n, seed):
         split = rng.random() < STILL_SHARE
         n_frames = 1 if split else rng.randint(1, MAX_FRAMES)
-        out.append(Item(scene, n_frames, split, rng.choice(CANVASES)))
+        canvases = NON_SQUARE_CANVASES if rng.random() < NON_SQUARE_SHARE else CANVASES
+        out.append(Item(scene, n_frames, split, rng.choice(canvases)))
     return out
 
 
 def evaluate(model_dir: Path | str, n: int = DEFAULT_N, seed: int = DEFAULT_SEED, model=None) -> Result:
     """Ask the model about ``n`` held-out scenes; ``model`` may be an already loaded engine model."""
-    from ffai.engine import DecodingOptions, RuntimeOptions
     from ffai_smolvlm import ENGINE
+
+    from ffai.engine import DecodingOptions, RuntimeOptions
 
     if model is None:
         model = ENGINE.load(Path(model_dir), RuntimeOptions(device="cpu"))

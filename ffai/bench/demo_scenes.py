@@ -1,15 +1,23 @@
 """Synthetic scenes for the bundled demo model: one coloured shape on a plain background.
 
-A scene is a shape (circle, square, triangle, star, cross) in one of six bright colours on one
-of five dark backgrounds (never of the shape's colour name), at some position and size, either
-still or moving in a straight line across the frames it is rendered to. Its caption names only what a viewer can
-check at a glance: ``caption(scene) == "a red circle on a blue background"``.
+A scene is a shape (circle, square, triangle, star, cross) in one colour on a plain background
+of another colour name, at some position and size, either still or moving in a straight line
+across the frames it is rendered to. Scenes come in two polarities: a bright shape on a dark
+background (``light-on-dark``) or a deep-coloured shape on a light background
+(``dark-on-light``); each polarity has its own palette, so every (shape colour, background)
+pair it allows is far apart in brightness as well as in name. Its caption names only what a
+viewer can check at a glance: ``caption(scene) == "a red circle on a blue background"``.
 
 Training, evaluation and the tests draw scenes from here, so they share one label space and one
 rendering. The held-out split is by *geometry*: every scene falls into a cell (size bucket,
 start position bucket, motion direction) and a fixed hash sends one cell in eight to
 ``heldout``; ``train`` never draws from those cells. Held-out scenes therefore show label
 combinations the model has seen at sizes, places and motions it has not.
+
+Canvases of any aspect ratio are drawn as they are; the engine squashes each frame to its
+square tile (as the Idefics3 processor does, no padding), so on a 641x359 frame a circle
+reaches the model as an upright ellipse 1.8 times as tall as wide. ``random_canvas`` draws such
+frames for training.
 
 Rewrite the bundled clip: ``python scripts/demo_scenes.py --clip models/demo_clip.mp4``.
 """
@@ -28,25 +36,48 @@ if TYPE_CHECKING:  # pragma: no cover
     from PIL import Image
 
 SHAPES = ("circle", "square", "triangle", "star", "cross")
-# Bright shapes on dark backgrounds: the shape is always the lighter side of every edge. With
-# both polarities (say black shapes on white and white shapes on black) a vision tower trained
-# from scratch needs several times more steps before it tells shapes apart (the colour word
-# comes easily either way); this keeps training within minutes on a CPU.
-COLOURS: dict[str, tuple[int, int, int]] = {
-    "red": (235, 50, 50),
-    "green": (70, 210, 80),
-    "blue": (80, 140, 255),
-    "yellow": (250, 225, 60),
-    "white": (250, 250, 250),
-    "pink": (255, 140, 210),
+LIGHT_ON_DARK, DARK_ON_LIGHT = "light-on-dark", "dark-on-light"
+POLARITIES = (LIGHT_ON_DARK, DARK_ON_LIGHT)
+# Per polarity, the shape colours and the backgrounds it may be drawn on (any shape colour on any
+# background of another name). A colour name has one shade per polarity: "green" is a bright
+# green on dark backgrounds and a deep green on light ones, so the shape is always clearly the
+# lighter (or darker) side of every edge; "gray" is a dark gray behind bright shapes and a light
+# gray behind deep ones. The light-on-dark palette is the one the first demo model was trained on.
+SHAPE_COLOURS: dict[str, dict[str, tuple[int, int, int]]] = {
+    LIGHT_ON_DARK: {
+        "red": (235, 50, 50),
+        "green": (70, 210, 80),
+        "blue": (80, 140, 255),
+        "yellow": (250, 225, 60),
+        "white": (250, 250, 250),
+        "pink": (255, 140, 210),
+    },
+    DARK_ON_LIGHT: {
+        "red": (200, 30, 30),
+        "green": (25, 130, 45),
+        "blue": (30, 60, 200),
+        "black": (20, 20, 20),
+        "purple": (110, 40, 160),
+    },
 }
-BACKGROUNDS: dict[str, tuple[int, int, int]] = {
-    "black": (10, 10, 10),
-    "gray": (75, 75, 75),
-    "blue": (20, 35, 120),
-    "green": (20, 85, 35),
-    "purple": (70, 25, 90),
+BACKGROUND_COLOURS: dict[str, dict[str, tuple[int, int, int]]] = {
+    LIGHT_ON_DARK: {
+        "black": (10, 10, 10),
+        "gray": (75, 75, 75),
+        "blue": (20, 35, 120),
+        "green": (20, 85, 35),
+        "purple": (70, 25, 90),
+    },
+    DARK_ON_LIGHT: {
+        "white": (248, 248, 248),
+        "yellow": (250, 230, 100),
+        "pink": (255, 195, 220),
+        "gray": (195, 195, 195),
+    },
 }
+# Every colour and background name, in a fixed order (the training's label head indexes them).
+COLOURS = tuple(dict.fromkeys(c for p in POLARITIES for c in SHAPE_COLOURS[p]))
+BACKGROUNDS = tuple(dict.fromkeys(b for p in POLARITIES for b in BACKGROUND_COLOURS[p]))
 SPLITS = ("train", "heldout")
 
 # Geometry ranges, as fractions of the frame. The radius is of the frame's short side; centres
@@ -59,6 +90,10 @@ POSITION_BINS = 3
 DIRECTIONS = 8  # compass directions of motion; cell 0 is "still"
 MOVING_SHARE = 0.7
 HELDOUT_ONE_IN = 8
+# Canvases drawn by random_canvas: width / height log-uniform over ASPECT (portrait 9:16 is
+# 0.56, wide 16:9 is 1.78), the long side uniform over LONG_SIDE pixels.
+ASPECT = (0.42, 2.4)
+LONG_SIDE = (64, 400)
 
 # The bundled clip (models/demo_clip.mp4): four scenes, two moving, two still.
 CLIP_SIZE = (128, 96)
@@ -74,9 +109,16 @@ class Scene:
     radius: float  # fraction of the frame's short side
     start: tuple[float, float]  # shape centre on the first frame, fractions of (width, height)
     end: tuple[float, float]  # centre on the last frame; equal to start for a still scene
+    polarity: str = LIGHT_ON_DARK
 
     def __post_init__(self) -> None:
-        if self.shape not in SHAPES or self.colour not in COLOURS or self.background not in BACKGROUNDS:
+        if self.polarity not in POLARITIES:
+            raise ValueError(f"polarity must be one of {POLARITIES}, got {self.polarity!r}")
+        if (
+            self.shape not in SHAPES
+            or self.colour not in SHAPE_COLOURS[self.polarity]
+            or self.background not in BACKGROUND_COLOURS[self.polarity]
+        ):
             raise ValueError(f"unknown label in {self}")
         if self.colour == self.background:
             raise ValueError(f"a {self.colour} shape on a {self.background} background would be invisible")
@@ -104,14 +146,18 @@ def caption(scene: Scene) -> str:
 
 
 def all_captions() -> list[str]:
-    """Every caption the label space allows (the tokenizer's training corpus uses them)."""
-    return [
-        caption(Scene(shape, colour, bg, RADIUS[0], (0.5, 0.5), (0.5, 0.5)))
-        for shape in SHAPES
-        for colour in COLOURS
-        for bg in BACKGROUNDS
-        if colour != bg
-    ]
+    """Every caption the label space allows, once each (the tokenizer's training corpus uses
+    them); "a red circle on a gray background" is a caption of both polarities."""
+    return list(
+        dict.fromkeys(
+            caption(Scene(shape, colour, bg, RADIUS[0], (0.5, 0.5), (0.5, 0.5), polarity))
+            for polarity in POLARITIES
+            for shape in SHAPES
+            for colour in SHAPE_COLOURS[polarity]
+            for bg in BACKGROUND_COLOURS[polarity]
+            if colour != bg
+        )
+    )
 
 
 # --- the geometry split ------------------------------------------------------------------------
@@ -143,9 +189,10 @@ def split_of(scene: Scene) -> str:
 
 
 def _draw_scene(rng: random.Random) -> Scene:
+    polarity = rng.choice(POLARITIES)
     shape = rng.choice(SHAPES)
-    colour = rng.choice(list(COLOURS))
-    background = rng.choice([b for b in BACKGROUNDS if b != colour])
+    colour = rng.choice(list(SHAPE_COLOURS[polarity]))
+    background = rng.choice([b for b in BACKGROUND_COLOURS[polarity] if b != colour])
     radius = rng.uniform(*RADIUS)
     start = (rng.uniform(EDGE, 1 - EDGE), rng.uniform(EDGE, 1 - EDGE))
     end = start
@@ -154,7 +201,7 @@ def _draw_scene(rng: random.Random) -> Scene:
         travel = rng.uniform(*TRAVEL)
         # Clamping keeps the shape in frame; a shape pinned in a corner may end up still.
         end = tuple(_clamp(c + travel * d) for c, d in zip(start, (math.cos(angle), math.sin(angle))))
-    return Scene(shape, colour, background, radius, start, end)
+    return Scene(shape, colour, background, radius, start, end, polarity)
 
 
 def _clamp(value: float) -> float:
@@ -175,6 +222,21 @@ def scenes(split: str, n: int, seed: int) -> list[Scene]:
     """``n`` scenes of ``split``, the same for the same seed."""
     rng = random.Random(f"{split}/{seed}")
     return [sample_scene(rng, split) for _ in range(n)]
+
+
+def random_canvas(rng: random.Random) -> tuple[int, int]:
+    """A (width, height) of any aspect ratio within ASPECT, the long side within LONG_SIDE."""
+    aspect = math.exp(rng.uniform(math.log(ASPECT[0]), math.log(ASPECT[1])))
+    long_side = rng.randint(*LONG_SIDE)
+    if aspect >= 1:
+        return long_side, max(1, round(long_side / aspect))
+    return max(1, round(long_side * aspect)), long_side
+
+
+def aspect_ratio(canvas: tuple[int, int]) -> float:
+    """The long side over the short side: 1.0 for a square, 1.79 for 641x359 or 359x641."""
+    width, height = canvas
+    return max(width, height) / min(width, height)
 
 
 # --- rendering ---------------------------------------------------------------------------------
@@ -209,11 +271,11 @@ def render_frame(scene: Scene, t: float, size: tuple[int, int]) -> Image.Image:
     from PIL import Image, ImageDraw
 
     width, height = size
-    image = Image.new("RGB", size, BACKGROUNDS[scene.background])
+    image = Image.new("RGB", size, BACKGROUND_COLOURS[scene.polarity][scene.background])
     draw = ImageDraw.Draw(image)
     fx, fy = scene.centre(t)
     cx, cy, r = fx * width, fy * height, scene.radius * min(width, height)
-    fill = COLOURS[scene.colour]
+    fill = SHAPE_COLOURS[scene.polarity][scene.colour]
     if scene.shape == "circle":
         draw.ellipse((cx - r, cy - r, cx + r, cy + r), fill=fill)
     else:
