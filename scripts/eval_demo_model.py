@@ -27,7 +27,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     result = demo_eval.evaluate(args.model, args.n, args.seed)
     for item, text in result.failures[:10]:
-        print(f"  wrong ({item.kind}, {item.canvas[0]}x{item.canvas[1]}): expected {item.answer!r}, got {text.strip()!r}")
+        print(
+            f"  wrong ({item.kind}, {item.canvas[0]}x{item.canvas[1]}): expected {item.answer!r}, got {text.strip()!r}"
+        )
     parts = ", ".join(f"{kind}s {c}/{t}" for kind, (c, t) in sorted(result.by_kind.items()))
     print(f"held-out exact-caption accuracy: {result.correct}/{result.total} = {100 * result.accuracy:.1f} % ({parts})")
     for group in demo_eval.GROUPS:

@@ -170,7 +170,9 @@ def write_small_files(folder: Path, tok) -> dict[str, int]:
     pre["size"] = {"longest_edge": TILE}
     pre["max_image_size"] = {"longest_edge": TILE}
     write_json(folder / "preprocessor_config.json", pre)
-    write_json(folder / "processor_config.json", {"image_seq_len": image_seq_len(), "processor_class": "Idefics3Processor"})
+    write_json(
+        folder / "processor_config.json", {"image_seq_len": image_seq_len(), "processor_class": "Idefics3Processor"}
+    )
     return ids
 
 
@@ -245,9 +247,10 @@ class SampleMaker:
     """Samples built with the engine's own preprocess and prompt code on the folder being written."""
 
     def __init__(self, folder: Path, recipe: Recipe, rng: random.Random) -> None:
+        from tokenizers import Tokenizer
+
         from ffai_smolvlm.preprocess import ProcessorConfig
         from ffai_smolvlm.prompt import PromptBuilder
-        from tokenizers import Tokenizer
 
         self.recipe = recipe
         self.rng = rng
@@ -268,10 +271,10 @@ class SampleMaker:
 
     def sample(self) -> Sample:
         import torch
-        from ffai_smolvlm.engine import prompt_text
-        from ffai_smolvlm.preprocess import preprocess_images
 
         from ffai.engine import DecodingOptions
+        from ffai_smolvlm.engine import prompt_text
+        from ffai_smolvlm.preprocess import preprocess_images
 
         r = self.recipe
         canvas = self.canvas()
@@ -303,6 +306,7 @@ class SampleMaker:
     def frames(self, n: int):
         """``n`` single frames of ``n`` scenes for phase 1: (n, 3, 64, 64) pixels, (n, 3) labels."""
         import torch
+
         from ffai_smolvlm.preprocess import preprocess_images
 
         scenes = [demo_scenes.sample_scene(self.rng, "train") for _ in range(n)]
@@ -314,11 +318,15 @@ class SampleMaker:
 def scene_labels(scene: demo_scenes.Scene):
     import torch
 
-    return torch.tensor([[
-        demo_scenes.SHAPES.index(scene.shape),
-        list(demo_scenes.COLOURS).index(scene.colour),
-        list(demo_scenes.BACKGROUNDS).index(scene.background),
-    ]])
+    return torch.tensor(
+        [
+            [
+                demo_scenes.SHAPES.index(scene.shape),
+                list(demo_scenes.COLOURS).index(scene.colour),
+                list(demo_scenes.BACKGROUNDS).index(scene.background),
+            ]
+        ]
+    )
 
 
 def collate(samples: list[Sample], pad_id: int) -> dict:
@@ -436,7 +444,9 @@ def pretrain_vision(model, head: LabelHead, maker: SampleMaker, recipe: Recipe, 
         if (step + 1) % 50 == 0:
             recent = sum(accs[-50:]) / 50
             history.append((step + 1, loss.item(), recent))
-            log(f"vision step {step + 1:4d}  label loss {loss.item():.4f}  shape acc (last 50) {recent:.2f}  {time.perf_counter() - started:.0f} s")
+            log(
+                f"vision step {step + 1:4d}  label loss {loss.item():.4f}  shape acc (last 50) {recent:.2f}  {time.perf_counter() - started:.0f} s"
+            )
     return history
 
 
@@ -500,11 +510,19 @@ def write_manifest(folder: Path, manifest: Path) -> None:
     for path in sorted(folder.iterdir()):
         if path.name == DOC_FILE:
             continue
-        lines += ["", "[[files]]", f'path = "{path.name}"', f"size = {path.stat().st_size}", f'sha256 = "{sha256(path)}"']
+        lines += [
+            "",
+            "[[files]]",
+            f'path = "{path.name}"',
+            f"size = {path.stat().st_size}",
+            f'sha256 = "{sha256(path)}"',
+        ]
     manifest.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
-def write_recipe(folder: Path, recipe: Recipe, vocab_size: int, history, wall_s: float, result: demo_eval.Result | None) -> None:
+def write_recipe(
+    folder: Path, recipe: Recipe, vocab_size: int, history, wall_s: float, result: demo_eval.Result | None
+) -> None:
     import torch
     import transformers
 
@@ -512,12 +530,16 @@ def write_recipe(folder: Path, recipe: Recipe, vocab_size: int, history, wall_s:
     vision_history, caption_history = history
     vision_rows = "\n".join(f"| {s} | {loss:.4f} | {acc:.2f} |" for s, loss, acc in vision_history)
     caption_rows = "\n".join(
-        f"| {s} | {loss:.4f} | " + " | ".join(f"{acc[k]:.2f}" for k in ANSWER_SLOTS) + " |" for s, loss, acc in caption_history
+        f"| {s} | {loss:.4f} | " + " | ".join(f"{acc[k]:.2f}" for k in ANSWER_SLOTS) + " |"
+        for s, loss, acc in caption_history
     )
     acc_line = "not measured (--eval-n 0)"
     if result is not None:
         acc_line = f"{result.correct}/{result.total} = {100 * result.accuracy:.1f} % exact captions; " + ", ".join(
-            f"{group} {c}/{t} = {100 * c / t:.1f} %" for group in demo_eval.GROUPS for c, t in [result.by_group.get(group, (0, 0))] if t
+            f"{group} {c}/{t} = {100 * c / t:.1f} %"
+            for group in demo_eval.GROUPS
+            for c, t in [result.by_group.get(group, (0, 0))]
+            if t
         )
     palettes = "\n".join(
         f"  - {polarity}: shapes {', '.join(demo_scenes.SHAPE_COLOURS[polarity])} on backgrounds "
@@ -636,8 +658,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=Recipe.seed)
     parser.add_argument("--batch", type=int, default=Recipe.batch)
     parser.add_argument("--lr", type=float, default=Recipe.lr)
-    parser.add_argument("--eval-n", type=int, default=demo_eval.DEFAULT_N, help="held-out scenes to evaluate at the end (0: none)")
-    parser.add_argument("--manifest", type=Path, default=None, help=f"write the manifest here (default: models/{MANIFEST_NAME}.toml when --out is the default)")
+    parser.add_argument(
+        "--eval-n", type=int, default=demo_eval.DEFAULT_N, help="held-out scenes to evaluate at the end (0: none)"
+    )
+    parser.add_argument(
+        "--manifest",
+        type=Path,
+        default=None,
+        help=f"write the manifest here (default: models/{MANIFEST_NAME}.toml when --out is the default)",
+    )
     args = parser.parse_args(argv)
     recipe = Recipe(seed=args.seed, vision_steps=args.vision_steps, steps=args.steps, batch=args.batch, lr=args.lr)
     manifest = args.manifest

@@ -26,9 +26,8 @@ MAX_CLIP_BYTES = 2**20
 
 @pytest.fixture(scope="module")
 def demo_model():
-    from ffai_smolvlm import ENGINE
-
     from ffai.engine import RuntimeOptions
+    from ffai_smolvlm import ENGINE
 
     return ENGINE.load(DEMO, RuntimeOptions(device="cpu"))
 

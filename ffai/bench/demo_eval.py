@@ -30,8 +30,18 @@ CANVASES = ((128, 96), (96, 96), (120, 90), (112, 112), (100, 75), (80, 80))
 # Training draws aspect ratios at random (demo_scenes.random_canvas), so these exact sizes are
 # unlikely ever to have been seen.
 NON_SQUARE_CANVASES = (
-    (641, 359), (359, 641), (320, 180), (180, 320), (200, 100), (100, 200),
-    (150, 100), (100, 150), (427, 240), (250, 125), (96, 160), (213, 120),
+    (641, 359),
+    (359, 641),
+    (320, 180),
+    (180, 320),
+    (200, 100),
+    (100, 200),
+    (150, 100),
+    (100, 150),
+    (427, 240),
+    (250, 125),
+    (96, 160),
+    (213, 120),
 )
 NON_SQUARE_SHARE = 0.5
 NON_SQUARE = 1.5  # the aspect ratio from which a frame counts as non-square
@@ -84,7 +94,10 @@ class Result:
     def add(self, item: Item, text: str) -> None:
         ok = text.strip() == item.answer
         kind = "still" if item.split else "window"
-        for counts in (self.by_kind.setdefault(kind, [0, 0]), *(self.by_group.setdefault(g, [0, 0]) for g in item.groups)):
+        for counts in (
+            self.by_kind.setdefault(kind, [0, 0]),
+            *(self.by_group.setdefault(g, [0, 0]) for g in item.groups),
+        ):
             counts[0] += ok
             counts[1] += 1
         self.correct += ok
@@ -107,9 +120,8 @@ def items(n: int = DEFAULT_N, seed: int = DEFAULT_SEED) -> list[Item]:
 
 def evaluate(model_dir: Path | str, n: int = DEFAULT_N, seed: int = DEFAULT_SEED, model=None) -> Result:
     """Ask the model about ``n`` held-out scenes; ``model`` may be an already loaded engine model."""
-    from ffai_smolvlm import ENGINE
-
     from ffai.engine import DecodingOptions, RuntimeOptions
+    from ffai_smolvlm import ENGINE
 
     if model is None:
         model = ENGINE.load(Path(model_dir), RuntimeOptions(device="cpu"))

@@ -248,7 +248,9 @@ def _outline(shape: str, cx: float, cy: float, r: float) -> list[tuple[float, fl
         h = r * 0.85  # a square of the same radius would look much bigger than the circle
         return [(cx - h, cy - h), (cx + h, cy - h), (cx + h, cy + h), (cx - h, cy + h)]
     if shape == "triangle":
-        return [(cx + r * math.cos(a), cy - r * math.sin(a)) for a in (math.pi / 2 + k * 2 * math.pi / 3 for k in range(3))]
+        return [
+            (cx + r * math.cos(a), cy - r * math.sin(a)) for a in (math.pi / 2 + k * 2 * math.pi / 3 for k in range(3))
+        ]
     if shape == "star":
         points = []
         for k in range(10):
@@ -259,9 +261,18 @@ def _outline(shape: str, cx: float, cy: float, r: float) -> list[tuple[float, fl
     if shape == "cross":
         w = r * 0.33  # half the arm thickness
         return [
-            (cx - w, cy - r), (cx + w, cy - r), (cx + w, cy - w), (cx + r, cy - w),
-            (cx + r, cy + w), (cx + w, cy + w), (cx + w, cy + r), (cx - w, cy + r),
-            (cx - w, cy + w), (cx - r, cy + w), (cx - r, cy - w), (cx - w, cy - w),
+            (cx - w, cy - r),
+            (cx + w, cy - r),
+            (cx + w, cy - w),
+            (cx + r, cy - w),
+            (cx + r, cy + w),
+            (cx + w, cy + w),
+            (cx + w, cy + r),
+            (cx - w, cy + r),
+            (cx - w, cy + w),
+            (cx - r, cy + w),
+            (cx - r, cy - w),
+            (cx - w, cy - w),
         ]
     raise ValueError(f"unknown shape {shape!r}")
 
