@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Hashable, Iterable, Iterator, Sequence
 
-from ffai import media, models, registry
+from ffai import cpu, media, models, registry
 from ffai.engine import Answer, DecodingOptions, DescribeRequest, Engine, RuntimeOptions, StageSpec
 from ffai.errors import UsageError
 from ffai.pipeline import Coordinator, PipelineConfig, PipelineError, ProcessConfig, StageConfig
@@ -126,11 +126,15 @@ class Captioner:
         self.cores = cores or available_cores()
         self.placement = placement(options.placement, cores=self.cores, video=video)
         self.engine: Engine = registry.get_engine(options.engine)
-        self.notice: str | None = None
+        self.notices: list[str] = []  # one-line warnings for the user, before any weight loads
         if options.model:
             self.model_name = options.model
         else:
-            self.model_name, self.notice = models.default_model(self.engine.info.name, self.engine.info.default_model)
+            self.model_name, notice = models.default_model(self.engine.info.name, self.engine.info.default_model)
+            self.notices += [notice] if notice else []
+        if options.runtime.device != "cuda":
+            slow = cpu.host().slow_dtype_warning(options.runtime.dtype)
+            self.notices += [slow] if slow else []
         self.model_dir: Path = models.resolve(self.model_name)
         self.engine.check_window(self.model_dir, options.window, options.decoding, split=False)
         self.config = pipeline_config(self.engine.stages(), self.model_dir, options.runtime, self.cores)

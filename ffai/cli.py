@@ -16,6 +16,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from ffai import cpu
 from ffai.errors import FfaiError, UsageError
 
 try:  # typer >= 0.22 carries its own copy of click
@@ -79,10 +80,14 @@ def engines(as_json: AsJson = False) -> None:
     from ffai import registry
 
     infos = registry.engine_infos()
+    host = cpu.host()
+    # Which dtypes run at least as fast as float32 is the CPU's doing (ffai.cpu), the same for
+    # every engine; float32 is the exact one.
+    fast = list(host.fast_dtypes())
     if as_json:
-        typer.echo(json.dumps([asdict(i) for i in infos], indent=2, ensure_ascii=False))
+        typer.echo(json.dumps([{**asdict(i), "fast_dtypes": fast} for i in infos], indent=2, ensure_ascii=False))
         return
-    table = Table(title="ffai engines")
+    table = Table(title="ffai engines", caption=f"CPU: {host.describe()}; fast dtypes here: {', '.join(fast)}")
     for column in ("name", "task", "status", "default model", "description"):
         table.add_column(column)
     for i in infos:
@@ -208,7 +213,13 @@ def caption(
     temperature: Annotated[float, typer.Option("--temperature", help="Sampling temperature (0: greedy).")] = 0.0,
     top_p: Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass.")] = 1.0,
     top_k: Annotated[int, typer.Option("--top-k", help="Sample among the k most likely tokens (0: all).")] = 0,
-    dtype: Annotated[str, typer.Option("--dtype", help="float32 or bfloat16.")] = "float32",
+    dtype: Annotated[
+        str,
+        typer.Option(
+            "--dtype",
+            help="float32 (exact), or opt-in bfloat16 or int8 (faster on CPUs built for them, rounding differs; see `ffai engines`).",
+        ),
+    ] = "float32",
     device: Annotated[str, typer.Option("--device", help="cpu, cuda or auto.")] = "auto",
     threads: Annotated[
         Optional[int],

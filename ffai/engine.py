@@ -19,7 +19,10 @@ if TYPE_CHECKING:  # pragma: no cover - typing only; torch and PIL load lazily
     from PIL import Image
 
 STATUSES = ("experimental", "stable")
-DTYPES = ("float32", "bfloat16")
+# A checkpoint's tensors are stored in one of these; ffai runs in these or, opt-in, in int8
+# (int8 weights made at load time, activations quantised per step: README, *Precision and speed*).
+TENSOR_DTYPES = ("float32", "bfloat16")
+DTYPES = (*TENSOR_DTYPES, "int8")
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -73,7 +76,8 @@ class DecodingOptions:
 
 @dataclass(frozen=True)
 class RuntimeOptions:
-    """Where and how a model runs. ``threads`` is torch's thread count in each pipeline process
+    """Where and how a model runs. ``dtype`` float32 is exact (token-identical to the reference);
+    bfloat16 and int8 are opt-in and change rounding. ``threads`` is torch's thread count in each pipeline process
     (None: the cores shared out between them, ``ffai.captioning.pipeline_config``); the pipeline
     sets it, an engine never does."""
 

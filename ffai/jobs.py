@@ -82,8 +82,8 @@ def run_caption_jobs(
     if not probed:
         return failed
     with Captioner(options, video=any(info.kind == "video" for _, info in probed)) as captioner:
-        if captioner.notice:
-            warn(captioner.notice)
+        for notice in captioner.notices:
+            warn(notice)
         for job, info in probed:
             try:
                 _run_one(captioner, job, info, options, overwrite=overwrite, progress=progress, warn=warn)

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from ffai.bench import checkpoints
-from ffai.engine import DTYPES
+from ffai.engine import TENSOR_DTYPES
 from ffai.errors import FfaiError
 
 
@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", choices=checkpoints.KINDS, required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--dtype", choices=DTYPES, default="float32")
+    parser.add_argument("--dtype", choices=TENSOR_DTYPES, default="float32")
     args = parser.parse_args(argv)
     try:
         path = checkpoints.write_checkpoint(args.config, args.out, seed=args.seed, dtype=args.dtype)

@@ -68,7 +68,8 @@ def test_engines_json():
     assert smol["task"] == "vlm"
     assert smol["status"] in ("experimental", "stable")
     assert smol["default_model"] == "smolvlm-256m-instruct"
-    assert set(smol) == {"name", "task", "status", "description", "default_model"}
+    assert set(smol) == {"name", "task", "status", "description", "default_model", "fast_dtypes"}
+    assert smol["fast_dtypes"][0] == "float32" and set(smol["fast_dtypes"]) <= {"float32", "bfloat16", "int8"}
 
 
 def test_version():

@@ -117,9 +117,13 @@ def _check_files_agree(model_dir: Path, config, processor, builder) -> None:
         )
 
 
-def _torch_device(name: str) -> str:
+def _torch_device(name: str, dtype: str = "float32") -> str:
     import torch
 
+    if dtype == "int8":  # torch's dynamic int8 linear has CPU kernels only
+        if name == "cuda":
+            raise UsageError("--dtype int8 runs on the CPU only; use --device cpu or another --dtype")
+        return "cpu"
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda" and not torch.cuda.is_available():
@@ -134,7 +138,7 @@ def _load_weights(model_dir: Path, runtime: RuntimeOptions, parts: tuple[str, ..
 
     # Thread counts are the pipeline's (ffai.pipeline.worker.set_threads), set per process before
     # any stage is built.
-    return load_model(model_dir, dtype=getattr(torch, runtime.dtype), device=_torch_device(runtime.device), parts=parts)
+    return load_model(model_dir, dtype=getattr(torch, runtime.dtype), device=_torch_device(runtime.device, runtime.dtype), parts=parts)
 
 
 class Preprocessor:

@@ -26,6 +26,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     the result is bit for bit ``F.linear``'s (tests/test_smolvlm_fast_paths.py). Small blocks
     (fewer than 64 rows or columns) take other kernels, whose sums may round differently: those
     stay on F.linear.
+
+    A one-row bfloat16 ``F.linear`` is worse still (torch's bf16 matrix-vector path; measured up to
+    10x float32's on an AVX512_BF16 CPU), so bfloat16 takes the same blocks: its rounding is
+    bfloat16's either way (``--dtype bfloat16`` is opt-in and never called identical).
     """
     p = torch.get_num_threads()
     n, k = weight.shape
@@ -37,7 +41,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         and n // p >= 64
         and k >= 64
         and weight.is_contiguous()
-        and x.dtype == weight.dtype == torch.float32
+        and x.dtype == weight.dtype
+        and x.dtype in (torch.float32, torch.bfloat16)
         and x.device.type == "cpu"
     ):
         blocks = weight.view(p, n // p, k).transpose(1, 2)  # (p, k, n / p)
@@ -71,3 +76,49 @@ def embedding_table(rows: int, dim: int) -> nn.Embedding:
     on the meta device imports torch's symbolic-shape machinery, which stays resident in every
     process that builds a model (README, *Measured*)."""
     return nn.Embedding(rows, dim, _weight=torch.empty(rows, dim))
+
+
+
+class QuantizedLinear(nn.Module):
+    """A linear layer with int8 weights and dynamically quantised activations (``--dtype int8``).
+
+    The weight is quantised per output channel (symmetric, one float32 scale per row) and
+    prepacked once for torch's quantised engine (fbgemm's kernels under ``x86``: AVX2, AVX-512,
+    VNNI); each call quantises its input to 8 bits by the input's own range, multiplies in int8
+    with int32 sums and returns float32 (bias added in float32). The packed weight is the only
+    copy: no float32 weight stays resident. ``parts`` is kept from a :class:`FusedLinear`.
+
+    ``reduce_range`` quantises activations to 7 bits, for CPUs whose int8 dot product
+    saturates in 16 bits (AVX2's vpmaddubsw); AVX-512 VNNI sums u8 x s8 straight into 32 bits,
+    so there all 8 bits are used (``weights.int8_reduce_range``).
+    """
+
+    def __init__(
+        self, weight: torch.Tensor, bias: torch.Tensor | None, *, reduce_range: bool, parts: tuple[int, ...] = ()
+    ) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.parts = parts
+        self.reduce_range = reduce_range
+        self.packed = pack_int8(weight, bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.quantized.linear_dynamic(x, self.packed, self.reduce_range)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8"
+
+
+def pack_int8(weight: torch.Tensor, bias: torch.Tensor | None):
+    """float (out, in) weight -> torch's prepacked int8 weight, per-row symmetric scales."""
+    import warnings
+
+    w = weight.detach().to(torch.float32)
+    scale = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12).to(torch.float64)  # (out,)
+    zero = torch.zeros(w.shape[0], dtype=torch.long)
+    with warnings.catch_warnings():
+        # torch 2.13 marks quantised tensors deprecated; its dynamic int8 linear still takes them.
+        warnings.simplefilter("ignore", UserWarning)
+        qweight = torch.quantize_per_channel(w, scale, zero, 0, torch.qint8)
+    b = None if bias is None else bias.detach().to(torch.float32)
+    return torch.ops.quantized.linear_prepack(qweight, b)

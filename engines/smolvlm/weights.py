@@ -23,11 +23,12 @@ from pathlib import Path
 from typing import NamedTuple
 
 import torch
+from torch import nn
 
 from ffai.errors import ModelError
 
 from .config import ModelConfig
-from .layers import FusedLinear
+from .layers import FusedLinear, QuantizedLinear
 from .model import PARTS, Idefics3
 
 SINGLE_FILE = "model.safetensors"
@@ -170,12 +171,35 @@ class _Reader:
     would leave its pages resident in this process beside the fused buffer: the q/k/v and
     gate/up weights, most of the model, twice over. For the same reason a tensor cast to
     another dtype (``--dtype bfloat16``) is read, not mapped.
+
+    ``quantize`` names the linear layers to hold in int8 (``--dtype int8``). Once a layer has
+    all its checkpoint tensors (the parts of a fused weight, its bias) it is packed into a
+    :class:`QuantizedLinear` (``self.quantized``) and its float32 tensors are dropped, so at most
+    a few layers' float32 weights are in memory at once. Those tensors are read, not mapped, for
+    the same reason as above: a mapped page stays resident after the int8 copy is made.
     """
 
-    def __init__(self, expected: dict[str, Slot], wanted: dict[str, torch.Tensor], dtype, device, tied: bool) -> None:
+    def __init__(
+        self,
+        expected: dict[str, Slot],
+        wanted: dict[str, torch.Tensor],
+        dtype,
+        device,
+        tied: bool,
+        quantize: dict[str, nn.Linear] | None = None,
+        reduce_range: bool = True,
+    ) -> None:
         self.expected, self.wanted, self.dtype, self.device, self.tied = expected, wanted, dtype, device, tied
         self.state: dict[str, torch.Tensor] = {}
         self.seen: set[str] = set()
+        self.linears = quantize or {}
+        self.reduce_range = reduce_range
+        self.pending: dict[str, set[str]] = {name: set() for name in self.linears}  # layer -> slots it waits for
+        for target, slot in expected.items():
+            layer = slot.param.rpartition(".")[0]
+            if layer in self.pending and slot.param in wanted:
+                self.pending[layer].add(target)
+        self.quantized: dict[str, QuantizedLinear] = {}
 
     def read(self, path: Path) -> None:
         from safetensors import SafetensorError, safe_open
@@ -207,10 +231,26 @@ class _Reader:
             if slot.param not in self.state:
                 self.state[slot.param] = self._empty(self.wanted[slot.param].shape)
             header.read_into(name, self.state[slot.param][slot.rows], f)
-        elif header.stored_as(name, self.dtype) and torch.device(self.device).type == "cpu":
-            self.state[slot.param] = f.get_tensor(name)  # a view of the map: pages read when used
-        else:  # cast or moved: read, not mapped, so no page stays behind
-            self.state[slot.param] = header.read_into(name, self._empty(slot.shape), f)
+        else:
+            layer = slot.param.rpartition(".")[0]
+            mapped = header.stored_as(name, self.dtype) and torch.device(self.device).type == "cpu"
+            if mapped and layer not in self.pending:
+                self.state[slot.param] = f.get_tensor(name)  # a view of the map: pages read when used
+            else:  # cast, moved or quantised: read, not mapped, so no page stays behind
+                self.state[slot.param] = header.read_into(name, self._empty(slot.shape), f)
+        self._quantize_when_complete(slot.param.rpartition(".")[0], target)
+
+    def _quantize_when_complete(self, layer: str, target: str) -> None:
+        waiting = self.pending.get(layer)
+        if waiting is None:
+            return
+        waiting.discard(target)
+        if not waiting:
+            del self.pending[layer]
+            weight = self.state.pop(f"{layer}.weight")
+            bias = self.state.pop(f"{layer}.bias", None)
+            parts = getattr(self.linears[layer], "parts", ())
+            self.quantized[layer] = QuantizedLinear(weight, bias, reduce_range=self.reduce_range, parts=parts)
 
     def _empty(self, shape) -> torch.Tensor:
         return torch.empty(shape, dtype=self.dtype, device=self.device)
@@ -253,20 +293,44 @@ class _RawHeader:
         return dst if direct else dst.copy_(into)
 
 
+def int8_reduce_range() -> bool:
+    """Whether int8 activations must keep to 7 bits on this CPU (``QuantizedLinear``): yes unless
+    it has a VNNI or AMX int8 dot product, whose sums cannot saturate."""
+    from ffai import cpu
+
+    return not cpu.host().flags & {"avx512_vnni", "avx_vnni", "amx_int8"}
+
+
 def load_model(
     model_dir: Path | str, *, dtype: torch.dtype = torch.float32, device="cpu", parts: tuple[str, ...] = PARTS
 ) -> Idefics3:
     """Build :class:`Idefics3` from a checkpoint folder (config.json + safetensors).
 
     ``parts`` picks what to hold in memory ("vision", "text"); the whole checkpoint is checked
-    either way, so a folder loads for one part exactly when it loads for all.
+    either way, so a folder loads for one part exactly when it loads for all. ``dtype=torch.int8``
+    holds every linear layer (both towers, the connector, the LM head) as a
+    :class:`QuantizedLinear` and everything else (embeddings, norms, the patch convolution) in
+    float32; it runs on the CPU only.
     """
     model_dir = Path(model_dir)
     cfg = ModelConfig.from_dir(model_dir)
+    quantize = dtype == torch.int8
+    if quantize and torch.device(device).type != "cpu":
+        raise ModelError(f"int8 weights run on the CPU only, not on {device}")
     with torch.device("meta"):
         full = Idefics3(cfg)
         model = Idefics3(cfg, parts)
-    reader = _Reader(slots(full), dict(model.named_parameters()), dtype, device, cfg.tie_word_embeddings)
+    tie = cfg.tie_word_embeddings and "text" in model.parts
+    linears = {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear)} if quantize else {}
+    reader = _Reader(
+        slots(full),
+        dict(model.named_parameters()),
+        torch.float32 if quantize else dtype,
+        device,
+        cfg.tie_word_embeddings,
+        quantize={n: m for n, m in linears.items() if not (tie and n == "text.lm_head")},
+        reduce_range=int8_reduce_range() if quantize else True,
+    )
     for path in weight_files(model_dir):
         reader.read(path)
     missing = reader.missing()
@@ -274,7 +338,13 @@ def load_model(
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
         raise ModelError(f"{model_dir}: checkpoint is missing tensor(s) {shown}")
     state = reader.state
-    tie = cfg.tie_word_embeddings and "text" in model.parts
+    if quantize:
+        if tie:  # the head is the embedding matrix, which stays float32 for the lookup
+            head = state["text.embed_tokens.weight"]
+            reader.quantized["text.lm_head"] = QuantizedLinear(head, None, reduce_range=reader.reduce_range)
+        for name, layer in reader.quantized.items():
+            model.set_submodule(name, layer)
+        tie = False
     if tie:
         state["text.lm_head.weight"] = state["text.embed_tokens.weight"]
     model.load_state_dict(state, strict=True, assign=True)

@@ -1,0 +1,244 @@
+"""The opt-in precisions (issue #12): ``--dtype int8`` and ``--dtype bfloat16`` through the whole
+path, the int8 model's memory (no float32 copy of a quantised weight), their agreement with
+float32 on the tiny checkpoint, and the CPU capability reading behind the slow-dtype warning."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+from ffai import cpu
+from ffai.bench.sample_media import make_clip
+from ffai.captioning import Captioner, CaptionOptions
+from ffai.cli import run
+from ffai.engine import DecodingOptions, RuntimeOptions
+from ffai.errors import UsageError
+from ffai_smolvlm.engine import ENGINE
+from ffai_smolvlm.generate import prefill
+from ffai_smolvlm.layers import QuantizedLinear
+from ffai_smolvlm.weights import load_model
+
+# Captured from real machines (first processor, flags abridged to those around the relevant ones).
+EPYC_ZEN4 = """processor\t: 0
+vendor_id\t: AuthenticAMD
+cpu family\t: 25
+model name\t: AMD EPYC
+flags\t\t: fpu sse sse2 ssse3 fma avx f16c avx2 avx512f avx512dq avx512bw avx512vl avx512_bf16 avx512vbmi avx512_vnni avx512_bitalg
+bogomips\t: 4792.79
+
+processor\t: 1
+model name\t: AMD EPYC
+flags\t\t: fpu sse sse2 ssse3 fma avx f16c avx2 avx512f avx512dq avx512bw avx512vl avx512_bf16 avx512vbmi avx512_vnni avx512_bitalg
+"""
+AVX2_ONLY = """processor\t: 0
+vendor_id\t: GenuineIntel
+model name\t: Intel(R) Xeon(R) CPU E5-2686 v4 @ 2.30GHz
+flags\t\t: fpu vme de pse tsc msr pae sse sse2 ssse3 fma cx16 sse4_1 sse4_2 avx f16c rdrand avx2 bmi2
+"""
+SAPPHIRE_RAPIDS = """processor\t: 0
+model name\t: Intel(R) Xeon(R) Platinum 8488C
+flags\t\t: avx2 avx512f avx512_vnni avx512_bf16 amx_bf16 avx512_fp16 amx_tile amx_int8
+"""
+GRAVITON3 = """processor\t: 0
+BogoMIPS\t: 2100.00
+Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm asimddp sha512 sve asimdfhm i8mm bf16
+CPU implementer\t: 0x41
+"""
+SSE_ONLY = """processor\t: 0
+model name\t: Old CPU
+flags\t\t: fpu sse sse2 sse4_1 sse4_2
+"""
+
+
+def test_cpuinfo_of_an_avx512_vnni_bf16_cpu():
+    info = cpu.parse_cpuinfo(EPYC_ZEN4)
+    assert info.model == "AMD EPYC" and info.known
+    assert info.relevant_flags == ("avx2", "avx512f", "avx512_vnni", "avx512_bf16")
+    assert info.fast_dtypes() == ("float32", "int8", "bfloat16")
+    assert info.describe() == "AMD EPYC (avx2, avx512f, avx512_vnni, avx512_bf16)"
+    for dtype in ("float32", "int8", "bfloat16"):
+        assert info.slow_dtype_warning(dtype) is None
+
+
+def test_cpuinfo_of_other_cpus():
+    avx2 = cpu.parse_cpuinfo(AVX2_ONLY)
+    assert avx2.model.startswith("Intel(R) Xeon(R) CPU E5-2686")
+    assert avx2.relevant_flags == ("avx2",)
+    assert avx2.fast_dtypes() == ("float32", "int8")
+    amx = cpu.parse_cpuinfo(SAPPHIRE_RAPIDS)
+    assert set(amx.relevant_flags) >= {"amx_tile", "amx_int8", "amx_bf16"}
+    assert amx.fast_dtypes() == ("float32", "int8", "bfloat16")
+    arm = cpu.parse_cpuinfo(GRAVITON3)
+    assert set(arm.relevant_flags) == {"asimddp", "i8mm", "bf16"} and arm.known
+    assert arm.fast_dtypes() == ("float32", "int8", "bfloat16")
+    old = cpu.parse_cpuinfo(SSE_ONLY)
+    assert old.fast_dtypes() == ("float32",)
+    # No flags line at all: nothing is known, so nothing is called slow.
+    blind = cpu.parse_cpuinfo("processor\t: 0\n")
+    assert not blind.known and blind.fast_dtypes() == ("float32", "int8", "bfloat16")
+    assert blind.slow_dtype_warning("bfloat16") is None
+
+
+def test_slow_dtype_warning_names_the_cpu_and_the_missing_flags():
+    avx2 = cpu.parse_cpuinfo(AVX2_ONLY)
+    line = avx2.slow_dtype_warning("bfloat16")
+    assert line is not None and "\n" not in line
+    assert "--dtype bfloat16 will run slower than float32" in line
+    assert "E5-2686" in line and "avx512_bf16" in line and "amx_bf16" in line
+    assert avx2.slow_dtype_warning("int8") is None
+    old = cpu.parse_cpuinfo(SSE_ONLY)
+    assert "--dtype int8 will run slower than float32" in old.slow_dtype_warning("int8")
+    assert old.slow_dtype_warning("float32") is None
+
+
+def test_host_reads_this_machine_once():
+    assert cpu.host() is cpu.host()
+    assert cpu.host().fast_dtypes()[0] == "float32"
+
+
+def test_runtime_options_accept_int8():
+    assert RuntimeOptions(dtype="int8").dtype == "int8"
+    with pytest.raises(UsageError, match="float32, bfloat16, int8"):
+        RuntimeOptions(dtype="int4")
+
+
+def test_int8_refuses_cuda(tiny_checkpoint):
+    with pytest.raises(UsageError, match="--dtype int8 runs on the CPU only"):
+        ENGINE.load(tiny_checkpoint, RuntimeOptions(dtype="int8", device="cuda"))
+
+
+@pytest.fixture(scope="module")
+def int8_model(tiny_checkpoint):
+    return load_model(tiny_checkpoint, dtype=torch.int8)
+
+
+def test_int8_model_holds_no_float32_copy_of_a_quantised_weight(tiny_checkpoint, int8_model):
+    exact = load_model(tiny_checkpoint)
+    linears = [name for name, m in exact.named_modules() if isinstance(m, torch.nn.Linear)]
+    # Every linear layer of both towers, the connector and the LM head.
+    assert "text.lm_head" in linears and "connector.modality_projection.proj" in linears
+    assert any(n.endswith("self_attn.qkv") for n in linears) and any(n.endswith("mlp.fc1") for n in linears)
+    for name in linears:
+        layer = int8_model.get_submodule(name)
+        assert isinstance(layer, QuantizedLinear), name
+        assert not list(layer.parameters()) and not list(layer.buffers()), name
+        qweight, bias = torch.ops.quantized.linear_unpack(layer.packed)
+        reference = exact.get_submodule(name)
+        assert qweight.dtype == torch.qint8 and qweight.shape == reference.weight.shape
+        # one scale per output row, zero points 0: symmetric per-channel
+        assert qweight.qscheme() == torch.per_channel_affine and qweight.q_per_channel_axis() == 0
+        assert not qweight.q_per_channel_zero_points().any()
+        assert layer.parts == getattr(reference, "parts", ())
+        if reference.bias is not None:
+            assert torch.equal(bias, reference.bias)
+        # the int8 weight is the float weight to within half a step of its row's scale
+        step = qweight.q_per_channel_scales().float()[:, None]
+        assert ((qweight.dequantize() - reference.weight).abs() <= step / 2 + 1e-7).all(), name
+    quantised = {f"{name}.weight" for name in linears}
+    held = dict(int8_model.named_parameters())
+    assert not quantised & set(held)
+    assert all(p.dtype == torch.float32 for p in held.values())
+    # what stays float32: embeddings, norms, the patch convolution and position table
+    assert set(held) == {n for n, _ in exact.named_parameters()} - quantised - {f"{n}.bias" for n in linears}
+    # and the float32 the int8 model holds is exactly those: the exact model's less every linear layer
+    linear_numel = sum(p.numel() for n in linears for p in exact.get_submodule(n).parameters())
+    assert sum(p.numel() for p in held.values()) == sum(p.numel() for p in exact.parameters()) - linear_numel
+    assert not list(int8_model.buffers())
+
+
+def _image(seed: int) -> Image.Image:
+    rng = np.random.default_rng(seed)
+    return Image.fromarray((rng.random((300, 400, 3)) * 255).astype("uint8"))
+
+
+def _embeds_and_logits(model, image):
+    prepared = model.preprocess([image], DecodingOptions(), split=True)
+    encoded = model.encode(prepared)
+    net = model.text.net
+    ids = torch.tensor([prepared.input_ids])
+    with torch.inference_mode():
+        x = net.embed(ids, encoded.image_embeds)
+        logits = prefill(net, x, net.text.reserve_cache(1, ids.shape[1]))[0]
+    return encoded.image_embeds.float(), logits.float()
+
+
+def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    return F.cosine_similarity(a.flatten().double(), b.flatten().double(), dim=0).item()
+
+
+# Measured on the tiny checkpoint (three random 400x300 stills, 13 tiles each): int8 embeddings
+# 0.99994, logits 0.9997; bfloat16 0.99998 and 0.99996. The bounds leave a margin for other CPUs'
+# kernels, and are far above what a wrong scale, row order or dropped bias gives (< 0.9).
+BOUNDS = {"int8": (0.9995, 0.999), "bfloat16": (0.9999, 0.9999)}
+
+
+@pytest.mark.parametrize("dtype", ["int8", "bfloat16"])
+def test_agreement_with_float32_on_the_tiny_checkpoint(tiny_checkpoint, dtype):
+    exact = ENGINE.load(tiny_checkpoint, RuntimeOptions(dtype="float32", device="cpu"))
+    fast = ENGINE.load(tiny_checkpoint, RuntimeOptions(dtype=dtype, device="cpu"))
+    embeds_bound, logits_bound = BOUNDS[dtype]
+    for seed in range(2):
+        image = _image(seed)
+        e_exact, l_exact = _embeds_and_logits(exact, image)
+        e_fast, l_fast = _embeds_and_logits(fast, image)
+        assert e_fast.shape == e_exact.shape and l_fast.shape == l_exact.shape
+        assert not torch.equal(e_fast, e_exact)  # really another precision, not float32 again
+        assert _cosine(e_fast, e_exact) >= embeds_bound
+        assert _cosine(l_fast, l_exact) >= logits_bound
+
+
+def test_bfloat16_decodes_over_a_float32_cache(tiny_checkpoint):
+    model = load_model(tiny_checkpoint, dtype=torch.bfloat16)
+    cache = model.text.reserve_cache(1, 10)
+    assert model.text.embed_tokens.weight.dtype == torch.bfloat16
+    assert cache.dtype == torch.float32
+    exact = load_model(tiny_checkpoint)
+    assert exact.text.reserve_cache(1, 10).dtype == torch.float32
+
+
+@pytest.fixture(scope="module")
+def media(tmp_path_factory) -> tuple[Path, Path]:
+    folder = tmp_path_factory.mktemp("precision")
+    _image(7).save(folder / "still.png")
+    make_clip(folder / "clip.mp4", 4, fps=25, size=(96, 64))
+    return folder / "still.png", folder / "clip.mp4"
+
+
+@pytest.mark.parametrize("dtype", ["int8", "bfloat16"])
+@pytest.mark.parametrize("placement", ["inline", "workers"])
+def test_caption_cli_runs_each_dtype_on_a_still_and_a_clip(capsys, tmp_path, tiny_checkpoint, media, dtype, placement):
+    still, clip = media
+    common = ["--model", str(tiny_checkpoint), "--dtype", dtype, "--max-new-tokens", "4", "--placement", placement]
+    assert run(["caption", "-i", str(still), *common]) == 0
+    out, err = capsys.readouterr()
+    assert out.strip() and "error" not in err
+    track = tmp_path / "clip.json"
+    code = run(["caption", "-i", str(clip), "--fps", "2", "--window", "2", *common, "-o", str(track)])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    cues = json.loads(track.read_text(encoding="utf-8"))["cues"]
+    assert len(cues) >= 2 and all(cue["text"] for cue in cues)
+    # nothing warns on this machine when the CPU runs the dtype fast
+    if dtype in cpu.host().fast_dtypes():
+        assert "warning" not in err
+
+
+def test_slow_dtype_warning_reaches_the_cli(monkeypatch, capsys, tiny_checkpoint, media):
+    still, _ = media
+    monkeypatch.setattr(cpu, "host", lambda: cpu.parse_cpuinfo(AVX2_ONLY))
+    args = ["caption", "-i", str(still), "--model", str(tiny_checkpoint), "--max-new-tokens", "2"]
+    assert run([*args, "--dtype", "bfloat16", "--placement", "inline"]) == 0
+    _, err = capsys.readouterr()
+    warnings = [line for line in err.splitlines() if line.startswith("ffai: warning:")]
+    assert warnings == [f"ffai: warning: {cpu.parse_cpuinfo(AVX2_ONLY).slow_dtype_warning('bfloat16')}"]
+    assert run([*args, "--dtype", "int8", "--placement", "inline"]) == 0
+    _, err = capsys.readouterr()
+    assert "warning" not in err
+    options = CaptionOptions(model=str(tiny_checkpoint), runtime=RuntimeOptions(dtype="bfloat16", device="cuda"))
+    assert Captioner(options, video=False).notices == []  # the warning is about the CPU
