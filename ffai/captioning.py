@@ -138,6 +138,8 @@ class Captioner:
         self.model_dir: Path = models.resolve(self.model_name)
         self.engine.check_window(self.model_dir, options.window, options.decoding, split=False)
         self.config = pipeline_config(self.engine.stages(), self.model_dir, options.runtime, self.cores)
+        # Each input is read in a child process of its own: a decoder crash fails that input alone.
+        self.decoder = media.Decoder()
         self._pipe: Coordinator | None = None
 
     def start(self) -> "Captioner":
@@ -175,7 +177,7 @@ class Captioner:
         A still gives one cue at 0."""
         progress = progress or Progress()
         if info.kind == "image":
-            request = DescribeRequest((media.load_image(info.path),), self.options.decoding, split=True)
+            request = DescribeRequest((self.decoder.load_image(info.path),), self.options.decoding, split=True)
             answer = self._running().submit("still", request).result()
             text = answer.text.strip()
             cue = Cue(index=1, start_ms=0, end_ms=0, frame_times_ms=(0,), text=text, token_ids=answer.token_ids)
@@ -210,7 +212,10 @@ class Captioner:
 
     def _frames(self, info: media.MediaInfo, progress: Progress) -> Iterable[media.Frame]:
         o = self.options
-        for frame in media.sample_frames(info.path, o.fps, start=o.start, duration=o.duration, max_frames=o.max_frames):
+        frames = self.decoder.sample_frames(
+            info.path, o.fps, start=o.start, duration=o.duration, max_frames=o.max_frames
+        )
+        for frame in frames:
             if progress.on_frame:
                 progress.on_frame(frame.time)
             yield frame
@@ -232,7 +237,7 @@ def caption(inputs: str | Path | Iterable[str | Path], options: CaptionOptions |
     ...     print(cue.start_ms, cue.text)
     """
     paths = [inputs] if isinstance(inputs, (str, Path)) else list(inputs)
-    infos = [media.probe(path) for path in paths]
+    infos = [media.Decoder().probe(path) for path in paths]
     with Captioner(options or CaptionOptions(), video=any(info.kind == "video" for info in infos)) as captioner:
         for info in infos:
             yield from captioner.captions(info)

@@ -7,6 +7,7 @@ errors exit 2; Ctrl-C exits 130. Tracebacks only with ``-v``.
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import traceback
 from dataclasses import asdict
@@ -63,6 +64,9 @@ def _main(
 ) -> None:
     _State.verbose = verbose
     _State.quiet = quiet
+    logger = logging.getLogger("ffai")
+    if _WARNINGS not in logger.handlers:  # then logging's last-resort handler (stderr, -q or not) is not used
+        logger.addHandler(_WARNINGS)
 
 
 def warn(message: str) -> None:
@@ -72,6 +76,17 @@ def warn(message: str) -> None:
 
 def error(message: str) -> None:
     print(f"ffai: error: {' '.join(message.split())}", file=sys.stderr, flush=True)
+
+
+class _Warnings(logging.Handler):
+    """What ffai's modules log (``ffai.media``'s skipped packets ...) as ``ffai: warning:``
+    lines, one each, so that -q silences them like every other warning."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        warn(" ".join(record.getMessage().split()))
+
+
+_WARNINGS = _Warnings(logging.WARNING)
 
 
 @app.command()

@@ -74,9 +74,10 @@ def run_caption_jobs(
         error(str(e))
 
     probed = []
+    decoder = media.Decoder()  # each input probed in a child process: a decoder crash fails that input alone
     for job in jobs:
         try:
-            probed.append((job, media.probe(job.source)))
+            probed.append((job, decoder.probe(job.source)))
         except FfaiError as e:
             fail(e)
     if not probed:

@@ -23,6 +23,11 @@ Conventions:
   frames are RGB8 (swscale converts them).
 - A packet that fails to decode is skipped and counted, as ffmpeg does; the count is logged
   as a warning at the end. A file cut short therefore yields the frames before the cut.
+- Hostile files: every failure is a one-line MediaError naming the file. ``probe``,
+  ``load_image`` and ``sample_frames`` run in the calling process; ``Decoder`` runs the same
+  three in a child process per file (the caption path uses it), so that a crash inside FFmpeg
+  or Pillow fails that file alone and time and memory per file are bounded. Sample counts an
+  MP4/MOV claims are checked against the file's size before FFmpeg allocates for them.
 
 ffai never encodes video for the user; ``video_encoder`` names the encoder its generated clips
 (the bench's clip, the demo clip, the test clips) are written with on this PyAV build.
@@ -30,8 +35,21 @@ ffai never encodes video for the user; ``video_encoder`` names the encoder its g
 
 from __future__ import annotations
 
+import atexit
 import logging
 import math
+import multiprocessing.connection
+import multiprocessing.reduction
+import os
+import pickle
+import resource
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import traceback
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -42,7 +60,7 @@ from pathlib import Path
 import av
 from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
 
-from ffai.errors import MediaError, UsageError
+from ffai.errors import FfaiError, MediaError, UsageError
 from ffai.windows import check_fps
 
 log = logging.getLogger(__name__)
@@ -188,6 +206,8 @@ def _open_still(file: Path) -> Iterator[Image.Image | None]:
         raise MediaError(f"{file}: image too large: {e}") from e
     except OSError as e:
         raise MediaError(f"{file}: cannot read: {e.strerror or e}") from e
+    except (ValueError, SyntaxError, EOFError) as e:  # a plugin that recognised the file, then choked on it
+        raise MediaError(f"{file}: corrupt image: {e}") from e
     # Pillow identifies MPEG video headers but cannot decode them: leave those to PyAV.
     if image is not None and image.format == "MPEG":
         image.close()
@@ -226,10 +246,80 @@ def _reason(error: Exception) -> str:
     return getattr(error, "strerror", None) or str(error)
 
 
+# ISO base media (MP4, MOV, 3GP ...): the boxes whose children the sample tables sit in, and
+# the leading box types that mark such a file.
+_BMFF_CONTAINERS = {b"moov", b"trak", b"mdia", b"minf", b"stbl"}
+_BMFF_FIRST = {b"ftyp", b"moov", b"mdat", b"free", b"skip", b"wide", b"pnot"}
+_BMFF_MOOV_MAX = 256 << 20  # a sample index larger than this is not read here (nor claimed small)
+
+
+def _boxes(data: bytes, start: int, end: int) -> Iterator[tuple[bytes, int, int]]:
+    """(type, payload start, payload end) of the boxes in data[start:end], as FFmpeg's mov
+    demuxer walks them: a size of 0 runs to the end, 1 means a 64-bit size follows, a box that
+    overruns its parent is cut to it, and a size below the header ends the walk."""
+    while start + 8 <= end:
+        size, kind = int.from_bytes(data[start : start + 4], "big"), data[start + 4 : start + 8]
+        header = 8
+        if size == 1 and start + 16 <= end:
+            size, header = int.from_bytes(data[start + 8 : start + 16], "big"), 16
+        elif size == 0:
+            size = end - start
+        if size < header:
+            return
+        yield kind, start + header, min(start + size, end)
+        start += size
+
+
+def _check_sample_claims(file: Path) -> None:
+    """Refuse an MP4/MOV whose sample table claims more samples than the file can hold.
+
+    A "stsz" box with one size for every sample stores only that size and a count: FFmpeg then
+    builds an index entry (and timing entries) for each claimed sample, so a damaged count in a
+    2 KB file grows a decoder to gigabytes before it fails. Samples live in the file, so the
+    claim is checked against the file's size first."""
+    size = file.stat().st_size
+    with file.open("rb") as f:
+        head = f.read(8)
+        if len(head) < 8 or head[4:8] not in _BMFF_FIRST:
+            return
+        offset = 0
+        while offset + 8 <= size:
+            f.seek(offset)
+            header = f.read(16)
+            box = int.from_bytes(header[:4], "big")
+            box = int.from_bytes(header[8:16], "big") if box == 1 else (size - offset if box == 0 else box)
+            if box < 8:
+                return
+            if header[4:8] == b"moov" and box <= _BMFF_MOOV_MAX:
+                f.seek(offset)
+                _check_moov(file, f.read(box), size)
+            offset += box
+
+
+def _check_moov(file: Path, moov: bytes, file_size: int) -> None:
+    pending = [(0, len(moov))]  # the moov box itself first, then each container box found
+    for start, end in pending:
+        for kind, payload, stop in _boxes(moov, start, end):
+            if kind in _BMFF_CONTAINERS:
+                pending.append((payload, stop))
+            elif kind == b"stsz" and stop - payload >= 12:
+                sample_size = int.from_bytes(moov[payload + 4 : payload + 8], "big")
+                count = int.from_bytes(moov[payload + 8 : payload + 12], "big")
+                if sample_size and count * sample_size > file_size:
+                    raise MediaError(
+                        f"{file}: damaged sample table: {count} samples of {sample_size} byte(s) "
+                        f"claimed in a file of {file_size} bytes"
+                    )
+
+
 @contextmanager
 def _open_video(
     file: Path,
 ) -> Iterator[tuple[av.container.InputContainer, av.video.stream.VideoStream]]:
+    try:
+        _check_sample_claims(file)
+    except OSError as e:
+        raise MediaError(f"{file}: cannot read: {e.strerror or e}") from e
     try:
         container = av.open(str(file), metadata_errors="ignore")
     except (av.FFmpegError, OSError) as e:
@@ -249,8 +339,8 @@ def _video_stream(file: Path, container: av.container.InputContainer) -> av.vide
         raise MediaError(f"{file}: no video stream" + (" (audio only)" if has_audio else ""))
     best = container.streams.best("video")
     stream = best if best in candidates else candidates[0]
-    if stream.codec_context is None:
-        raise MediaError(f"{file}: no decoder for video codec {stream.codec.name!r}")
+    if stream.codec_context is None:  # FFmpeg knows no decoder for the stream's codec id
+        raise MediaError(f"{file}: no decoder for its video codec (unknown or damaged codec id)")
     # The header's size (filled in by FFmpeg's stream probing), checked before any decoding.
     _check_size(file, stream.codec_context.width, stream.codec_context.height)
     # PyAV's default slice threading is kept: frame threading would hide decode errors.
@@ -450,3 +540,288 @@ def _sample(file: Path, fps: float, start: float, duration: float | None, max_fr
             if max_frames is not None and kept >= max_frames:
                 break
             n = math.floor(position) + 1  # deadlines this frame passed are used up
+
+
+# ---------------------------------------------------------------------------- isolation
+
+# Bounds on a decoder child (Decoder): each answer (a probe, an image, the next sample, the
+# end) must come within STEP_TIMEOUT_S, and a whole file within FILE_TIMEOUT_S plus
+# REALTIME_FACTOR times the media time sampled so far, so that no file can hang a run, however
+# it is damaged, while a long clip keeps the time its length needs.
+STEP_TIMEOUT_S = 60.0
+FILE_TIMEOUT_S = 120.0
+REALTIME_FACTOR = 5.0
+# A child may map at most this much memory (RLIMIT_AS): FFmpeg and Pillow allocate what a
+# header claims (sample tables, frame buffers), and a hostile claim must end in an allocation
+# failure, a one-line error, rather than in a machine out of memory. The largest legal frame
+# (MAX_SIDE squared, RGB) with its decoder's reference frames fits well within it.
+MEMORY_LIMIT_BYTES = 8 << 30
+# Test-only: "crash:NAME" or "hang:NAME" makes the child decoding the file named NAME die of
+# SIGSEGV, or stop answering, as a decoder crash or hang would (probing it is left alone).
+FAULT_ENV = "FFAI_TEST_DECODER_FAULT"
+
+
+class _ChildTraceback(Exception):
+    """The formatted traceback of an exception raised in a decoder child (shown with -v)."""
+
+
+class _ForkServer:
+    """One clean, single-threaded process that has imported this module and forks a decoder
+    child per file: a fork costs milliseconds where a fresh interpreter costs most of a second,
+    and forking the caller instead would copy its threads and its model (counted again in
+    every child's resident memory). multiprocessing's fork server re-runs the caller's main
+    script in every child, hence this one. Children are this server's, so it reaps them and
+    reports how each ended."""
+
+    def __init__(self) -> None:
+        ours, theirs = socket.socketpair()
+        code = f"from ffai.media import _serve_forks; _serve_forks({theirs.fileno()})"
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", code], pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL
+        )
+        theirs.close()
+        self.socket = ours
+        self.control = multiprocessing.connection.Connection(os.dup(ours.fileno()))
+        self.lock = threading.Lock()
+        self.owner = os.getpid()
+
+    def fork(self, request: tuple) -> tuple[int, multiprocessing.connection.Connection]:
+        """A new child running `request` (op, file, args): its pid and our end of its pipe."""
+        ours, theirs = socket.socketpair()
+        with self.lock, theirs:
+            self.control.send(("fork", request))
+            multiprocessing.reduction.sendfds(self.socket, [theirs.fileno()])
+            pid = self.control.recv()
+        return pid, multiprocessing.connection.Connection(ours.detach())
+
+    def reap(self, pid: int) -> int:
+        """Wait for child `pid` to end; its wait status."""
+        with self.lock:
+            self.control.send(("reap", pid))
+            return self.control.recv()
+
+    def close(self) -> None:
+        self.control.close()
+        self.socket.close()
+        self.process.wait()
+
+
+_fork_server: _ForkServer | None = None
+_fork_server_lock = threading.Lock()
+
+
+def _server() -> _ForkServer:
+    global _fork_server
+    with _fork_server_lock:
+        if _fork_server is None or _fork_server.owner != os.getpid() or _fork_server.process.poll() is not None:
+            _fork_server = _ForkServer()
+            atexit.register(_fork_server.close)
+        return _fork_server
+
+
+def _serve_forks(fd: int) -> None:
+    """The fork server's loop (run as ``python -c``): fork a child per request, reap on request,
+    and end when the parent hangs up."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    sock = socket.socket(fileno=fd)
+    control = multiprocessing.connection.Connection(os.dup(fd))
+    while True:
+        try:
+            kind, payload = control.recv()
+        except (EOFError, OSError):
+            return
+        if kind == "reap":
+            control.send(os.waitpid(payload, 0)[1])
+            continue
+        (child_fd,) = multiprocessing.reduction.recvfds(sock, 1)
+        pid = os.fork()
+        if pid == 0:
+            sock.close()
+            control.close()
+            try:
+                _child_main(multiprocessing.connection.Connection(child_fd), *payload)
+            finally:
+                os._exit(0)
+        os.close(child_fd)
+        control.send(pid)
+
+
+class _LogToParent(logging.Handler):
+    def __init__(self, conn) -> None:
+        super().__init__(logging.WARNING)
+        self.conn = conn
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.conn.send(("log", record.levelno, record.getMessage()))
+
+
+def _child_main(conn, op: str, file: Path, args: tuple) -> None:
+    """A decoder child's life: run `op` and send its answers, one for each "next" asked,
+    until it is exhausted, fails, or the parent hangs up."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    # libtiff and FFmpeg print damage reports straight to fd 2; the parent reports in one line.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    log.addHandler(_LogToParent(conn))
+    log.propagate = False
+
+    def show(message, category, filename, lineno, file_=None, line=None) -> None:
+        log.warning("%s: %s", file, " ".join(str(message).split()))
+
+    warnings.showwarning = show
+    # The fault stand-in strikes while decoding (sampling or loading), after probing succeeded.
+    fault = os.environ.get(FAULT_ENV, "") if op != "probe" else ""
+    try:
+        resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT_BYTES, MEMORY_LIMIT_BYTES))
+    except (ValueError, OSError):  # a lower hard limit is already set: keep it
+        pass
+    if op == "sample":
+        answers = _sample(file, *args)
+    else:  # one answer, computed when asked for
+        answers = (function(file) for function in [{"probe": probe, "load_image": load_image}[op]])
+    try:
+        while conn.recv() == "next":
+            if fault == f"crash:{file.name}":
+                os.kill(os.getpid(), signal.SIGSEGV)
+            if fault == f"hang:{file.name}":
+                time.sleep(3600)
+            try:
+                answer = next(answers)
+            except StopIteration:
+                conn.send(("done", None))
+                return
+            except BaseException as e:
+                conn.send(("raise", _portable(e), traceback.format_exc()))
+                return
+            conn.send(("answer", answer))
+    except (EOFError, BrokenPipeError):  # the parent is done with this file
+        return
+
+
+def _portable(error: BaseException) -> BaseException:
+    """`error`, or a stand-in with its type and text when it would not unpickle in the parent."""
+    try:
+        pickle.loads(pickle.dumps(error))
+        return error
+    except Exception:
+        return RuntimeError(f"{type(error).__name__}: {error}")
+
+
+class _Child:
+    """The parent's end of one decoder child: asks for answers and enforces the time bounds."""
+
+    def __init__(self, decoder: Decoder, op: str, file: Path, args: tuple = ()) -> None:
+        self.decoder, self.file = decoder, file
+        self.server = _server()
+        self.pid, self.conn = self.server.fork((op, file, args))
+        self.started = time.monotonic()
+        self.asked: float | None = None
+        self.status: int | None = None
+
+    def ask(self) -> None:
+        """Ask for the next answer now, so the child works while the caller does."""
+        if self.asked is None:
+            self.conn.send("next")
+            self.asked = time.monotonic()
+
+    def answer(self, media_time: float = 0.0):
+        """The next answer, or None once the child is exhausted. `media_time` is how far into
+        the file the answers have come (it extends the file's time budget)."""
+        try:
+            self.ask()
+        except OSError:  # it died before it was asked
+            raise MediaError(f"{self.file}: the decoder crashed ({self._death()})") from None
+        file_deadline = self.started + self.decoder.file_timeout + self.decoder.realtime_factor * media_time
+        deadline = min(self.asked + self.decoder.step_timeout, file_deadline)
+        while True:
+            if not self.conn.poll(max(0.0, deadline - time.monotonic())):
+                self.close()
+                limit = f"{self.decoder.step_timeout:g} s" if deadline < file_deadline else "the file's time budget"
+                raise MediaError(f"{self.file}: decoding stopped: the decoder gave no answer within {limit}")
+            try:
+                kind, *rest = self.conn.recv()
+            except (EOFError, OSError):
+                raise MediaError(f"{self.file}: the decoder crashed ({self._death()})") from None
+            if kind == "log":
+                log.log(rest[0], "%s", rest[1])
+                continue
+            self.asked = None
+            if kind == "answer":
+                return rest[0]
+            if kind == "done":
+                return None
+            error, child_traceback = rest
+            if isinstance(error, FfaiError):
+                raise error
+            raise error from _ChildTraceback(child_traceback)
+
+    def _death(self) -> str:
+        self.close()
+        if os.WIFSIGNALED(self.status):
+            return f"killed by {signal.Signals(os.WTERMSIG(self.status)).name}"
+        return f"exit status {os.waitstatus_to_exitcode(self.status)}"
+
+    def close(self) -> None:
+        if self.status is not None:
+            return
+        self.conn.close()
+        try:
+            os.kill(self.pid, signal.SIGKILL)  # finished or not: nothing of it is needed now
+        except ProcessLookupError:
+            pass
+        self.status = self.server.reap(self.pid)
+
+
+@dataclass(frozen=True)
+class Decoder:
+    """probe, load_image and sample_frames, each file in a child process of its own.
+
+    A crash inside FFmpeg or Pillow on a hostile file (a signal) then kills that child alone
+    and ends in a one-line MediaError for that file; a child that stops answering is killed
+    past the time bounds (``step_timeout`` per answer, ``file_timeout`` plus
+    ``realtime_factor`` times the media time sampled per file); a child's memory is capped
+    (MEMORY_LIMIT_BYTES). The cost is a fork per file and a pickled copy of each sample.
+    Warnings the child logs reach this process's ``ffai.media`` logger.
+    """
+
+    step_timeout: float = STEP_TIMEOUT_S
+    file_timeout: float = FILE_TIMEOUT_S
+    realtime_factor: float = REALTIME_FACTOR
+
+    def _one(self, op: str, path: str | Path):
+        child = _Child(self, op, _check_file(path))
+        try:
+            return child.answer()
+        finally:
+            child.close()
+
+    def probe(self, path: str | Path) -> MediaInfo:
+        """``probe(path)``, in a child."""
+        return self._one("probe", path)
+
+    def load_image(self, path: str | Path) -> Image.Image:
+        """``load_image(path)``, in a child."""
+        return self._one("load_image", path)
+
+    def sample_frames(
+        self,
+        path: str | Path,
+        fps: float,
+        start: float = 0.0,
+        duration: float | None = None,
+        max_frames: int | None = None,
+    ) -> Iterator[Frame]:
+        """``sample_frames(...)``, decoded in a child one sample ahead of the caller."""
+        check_sampling(fps, start, duration, max_frames)
+        return self._frames(_check_file(path), (fps, start, duration, max_frames))
+
+    def _frames(self, file: Path, args: tuple) -> Iterator[Frame]:
+        child = _Child(self, "sample", file, args)
+        try:
+            covered = 0.0
+            while (frame := child.answer(covered)) is not None:
+                covered = max(covered, frame.time - args[1])
+                child.ask()
+                yield frame
+        finally:
+            child.close()

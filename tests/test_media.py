@@ -496,3 +496,60 @@ def test_sample_media_cli_writes_every_sample(tmp_path):
         "vfr": "video",
         "zero_frames": "video",
     }
+
+
+# ---------------------------------------------------------------------------- hostile headers
+# (more in test_fuzz_media.py: seeded mutations of every sample kind and the kept findings)
+
+
+def test_a_stream_without_a_decoder_is_a_media_error(tmp_path):
+    clip = make_clip(tmp_path / "clip.mp4", 0.5, 10)
+    unknown = _write(tmp_path / "unknown.mp4", clip.read_bytes().replace(b"avc1", b"zzzz"))
+    with av.open(str(unknown)) as container:
+        assert container.streams.video[0].codec_context is None
+    message = f"{unknown}: no decoder for its video codec (unknown or damaged codec id)"
+    with pytest.raises(MediaError) as probed:
+        media.probe(unknown)
+    assert str(probed.value) == message
+    with pytest.raises(MediaError, match="no decoder"):
+        list(media.sample_frames(unknown, 1))
+
+
+def test_a_png_header_cut_short_is_a_media_error(tmp_path):
+    whole = bytearray(png_header(24, 16))
+    whole[8:12] = struct.pack(">I", 4)  # IHDR claims 4 bytes: Pillow raises ValueError in open()
+    path = _write(tmp_path / "short_ihdr.png", bytes(whole))
+    for read in (media.probe, media.load_image, lambda p: list(media.sample_frames(p, 1))):
+        with pytest.raises(MediaError) as raised:
+            read(path)
+        assert str(raised.value) == f"{path}: corrupt image: Truncated IHDR chunk"
+
+
+def _constant_sample_size(data: bytes, size: int, count: int) -> bytes:
+    """`data` (an mp4) with its stsz box saying: `count` samples, all of `size` bytes."""
+    at = data.index(b"stsz") + 4  # version and flags, then the size and the count
+    return data[: at + 4] + struct.pack(">II", size, count) + data[at + 12 :]
+
+
+def test_sample_counts_the_file_cannot_hold_are_refused_before_ffmpeg_reads_them(tmp_path):
+    data = make_clip(tmp_path / "clip.mp4", 0.5, 10).read_bytes()
+    # FFmpeg builds an index entry for every claimed sample: 2**26 of them grew a decoder to 3.6 GB.
+    claimed = _write(tmp_path / "claimed.mp4", _constant_sample_size(data, 1, 1 << 26))
+    message = f"{claimed}: damaged sample table: 67108864 samples of 1 byte(s) claimed in a file of {len(data)} bytes"
+    for read in (media.probe, lambda p: list(media.sample_frames(p, 1))):
+        with pytest.raises(MediaError) as raised:
+            read(claimed)
+        assert str(raised.value) == message
+    # A count the file can hold is left to FFmpeg (here: samples that are not where it says).
+    plausible = _write(tmp_path / "plausible.mp4", _constant_sample_size(data, 1, 5))
+    with pytest.raises(MediaError, match="could be decoded"):
+        media.probe(plausible)
+
+
+def test_constant_sample_sizes_in_real_files_pass_the_claim_check(tmp_path):
+    # Uncompressed video in MOV stores one sample size for all frames, as a damaged stsz does.
+    clip = make_clip(tmp_path / "raw.mov", 0.5, 10, codec="rawvideo", pix_fmt="rgb24")
+    data = clip.read_bytes()
+    at = data.index(b"stsz") + 8
+    assert struct.unpack(">II", data[at : at + 8]) == (64 * 48 * 3, 5)
+    assert [read_frame_index(f.image) for f in media.sample_frames(clip, 10)] == [0, 1, 2, 3, 4]
