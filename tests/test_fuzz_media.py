@@ -1,0 +1,227 @@
+"""The front door against hostile files (issue #16): seeded mutations of every sample kind
+(ffai.bench.fuzz) through probing and sampling in this process, a smaller set and the kept
+regressions through the whole ``ffai caption`` path, and a decoder that crashes or hangs
+standing in for a hostile file that makes FFmpeg or Pillow do so.
+
+``python scripts/fuzz_media.py --count N`` runs any number of the same cases."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ffai import media
+from ffai.bench import fuzz
+from ffai.errors import MediaError
+
+CASES = 580  # seeds 0..579, 20 a sample: the fixed in-process subset (about 20 s on 2 cores)
+CLI_SEEDS = range(0, 29 * 2)  # two a sample, in one multi-input run of the whole path
+
+
+@pytest.fixture(scope="module")
+def samples(tmp_path_factory) -> dict[str, Path]:
+    return fuzz.make_samples(tmp_path_factory.mktemp("samples"))
+
+
+def _one_line_naming(message: str, path: Path) -> bool:
+    return "\n" not in message and str(path) in message
+
+
+def test_every_sample_kind_is_there_and_reads(samples):
+    stills = {fuzz.sample_name(n) for n in fuzz.STILLS}
+    for name, path in samples.items():
+        outcome = fuzz.check(path)
+        if name in ("mp4_audio_only",):
+            assert outcome.kind == "error" and "no video stream" in outcome.message
+        elif name == "mkv_zero_frames":
+            assert (outcome.kind, outcome.frames) == ("video", 0)
+        else:
+            assert outcome.kind == ("image" if name in stills else "video"), (name, outcome)
+            assert outcome.frames >= 1
+
+
+def test_cases_are_named_by_their_seed(samples):
+    first = list(fuzz.cases(samples, 60))
+    again = list(fuzz.cases(samples, 60))
+    assert first == again
+    assert {c.sample for c in first} == set(samples)  # round-robin: every sample kind is mutated
+    kinds = {op[0] for c in first for op in c.recipe}
+    assert kinds == set(fuzz.KINDS)
+    # Mutation is a pure function of the bytes and the recipe.
+    data = samples["mp4_default"].read_bytes()
+    recipe = fuzz.draw_recipe("mp4_default", data, 7)
+    assert fuzz.mutate(data, recipe) == fuzz.mutate(data, recipe) != data
+
+
+def test_mutations_do_what_they_say():
+    data = bytes(range(16))
+    assert fuzz.mutate(data, (("flip", 2, 0),))[2] == 3
+    assert fuzz.mutate(data, (("run", 4, 3, 0xFF),))[3:8] == bytes([3, 255, 255, 255, 7])
+    assert fuzz.mutate(data, (("truncate", 5),)) == data[:5]
+    assert fuzz.mutate(data, (("splice", 0, 2, 10),))[10:12] == bytes([0, 1])
+    assert fuzz.mutate(data, (("int", 4, ">I", 0xDEADBEEF),))[4:8] == bytes.fromhex("deadbeef")
+    assert len(fuzz.mutate(data, (("int", 15, "<Q", 1),))) == 16  # written within the file
+
+
+# Pillow warns about the damage it reads past (corrupt EXIF ...); in a decoder child those are log lines.
+@pytest.mark.filterwarnings("ignore::UserWarning:PIL.*")
+@pytest.mark.parametrize("sample", sorted(fuzz.sample_name(n) for n in fuzz.SAMPLES))
+def test_mutated_files_probe_and_sample_to_frames_or_one_line_errors(samples, sample, tmp_path, caplog):
+    """The fixed subset: CASES seeds, round-robin over the samples, this sample's share. Every
+    file gives frames or a one-line MediaError naming it; any other exception fails the test."""
+    mine = [c for c in fuzz.cases(samples, CASES) if c.sample == sample]
+    assert len(mine) == CASES // len(samples)
+    outcomes = []
+    for case in mine:
+        path = case.write(samples, tmp_path)
+        with caplog.at_level(logging.WARNING, logger="ffai"):
+            outcome = fuzz.check(path)
+        if outcome.kind == "error":
+            assert _one_line_naming(outcome.message, path), (case, outcome)
+        assert outcome.frames <= fuzz.MAX_FRAMES
+        outcomes.append(outcome.kind)
+    assert all("\n" not in record.getMessage() for record in caplog.records)
+    # The subset is worth running: some files still read, and damage is found in others.
+    assert len(outcomes) == len(mine)
+
+
+@pytest.mark.parametrize("sample, recipe, expected", fuzz.REGRESSIONS, ids=lambda v: str(v)[:24])
+def test_kept_regressions_end_in_one_line_errors(samples, tmp_path, sample, recipe, expected):
+    path = fuzz.Case(sample, None, recipe).write(samples, tmp_path)
+    outcome = fuzz.check(path)
+    assert outcome.kind == "error" and expected in outcome.message
+    assert _one_line_naming(outcome.message, path)
+    with pytest.raises(MediaError, match=re.escape(expected)):  # the same through a decoder child
+        media.Decoder().probe(path)
+
+
+# ---------------------------------------------------------------------------- decoder children
+
+
+def test_decoder_children_give_what_this_process_gives(samples):
+    decoder = media.Decoder()
+    clip = samples["mp4_vfr"]
+    assert decoder.probe(clip) == media.probe(clip)
+    here = list(media.sample_frames(clip, 10, start=0.1, max_frames=4))
+    there = list(decoder.sample_frames(clip, 10, start=0.1, max_frames=4))
+    assert [(f.time, f.image.tobytes()) for f in there] == [(f.time, f.image.tobytes()) for f in here]
+    still = samples["png_p_trns"]
+    loaded, local = decoder.load_image(still), media.load_image(still)
+    assert (loaded.mode, loaded.info, loaded.tobytes()) == (local.mode, local.info, local.tobytes())
+    # A MediaError in the child arrives as itself; a closed-early iterator ends its child.
+    with pytest.raises(MediaError, match="no video stream"):
+        decoder.probe(samples["mp4_audio_only"])
+    frames = decoder.sample_frames(clip, 10)
+    next(frames)
+    frames.close()
+
+
+def test_child_warnings_reach_this_process_as_log_records(samples, caplog):
+    with caplog.at_level(logging.WARNING, logger="ffai.media"):
+        assert len(list(media.Decoder().sample_frames(samples["mp4_cut_faststart"], 25))) > 0
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{samples['mp4_cut_faststart']}: skipped 1 video packet(s) that failed to decode"
+    ]
+
+
+@pytest.fixture
+def faulty_server(monkeypatch):
+    """A fork server of its own, started with the decoder fault stand-in in its environment."""
+
+    def start(fault: str) -> None:
+        monkeypatch.setenv(media.FAULT_ENV, fault)
+        monkeypatch.setattr(media, "_fork_server", None)
+
+    yield start
+    if media._fork_server is not None:
+        media._fork_server.close()
+
+
+def test_a_decoder_crash_fails_that_file_alone(samples, tmp_path, faulty_server):
+    crasher = tmp_path / "crash.mp4"
+    crasher.write_bytes(samples["mp4_default"].read_bytes())
+    faulty_server(f"crash:{crasher.name}")
+    decoder = media.Decoder()
+    assert decoder.probe(crasher).kind == "video"  # the stand-in strikes while decoding
+    with pytest.raises(MediaError) as crashed:
+        list(decoder.sample_frames(crasher, 1))
+    assert str(crashed.value) == f"{crasher}: the decoder crashed (killed by SIGSEGV)"
+    assert len(list(decoder.sample_frames(samples["mp4_default"], 10))) == 12  # the next file reads
+
+
+def test_a_hung_decoder_is_stopped_at_its_time_bound(samples, tmp_path, faulty_server):
+    hanger = tmp_path / "hang.png"
+    hanger.write_bytes(samples["png_rgb"].read_bytes())
+    faulty_server(f"hang:{hanger.name}")
+    started = time.monotonic()
+    with pytest.raises(MediaError, match="gave no answer within 1 s"):
+        media.Decoder(step_timeout=1.0).load_image(hanger)
+    assert time.monotonic() - started < 5
+    # The whole-file budget: media time extends it, a stall beyond it ends the file.
+    with pytest.raises(MediaError, match="time budget"):
+        list(media.Decoder(step_timeout=30, file_timeout=1.0, realtime_factor=0).load_image(hanger))
+
+
+# ---------------------------------------------------------------------------- the whole path
+
+
+def caption(checkpoint: Path, inputs: list[Path], quiet: bool = True, env: dict | None = None):
+    """``ffai caption -i F... --fps 1 --window 2 --max-frames 4 -f jsonl -o - -q`` on the tiny checkpoint."""
+    cmd = [sys.executable, "-m", "ffai", "caption", "--fps", "1", "--window", "2", "--max-frames", "4"]
+    cmd += ["-f", "jsonl", "-o", "-", "--model", str(checkpoint), "--no-progress"] + (["-q"] if quiet else [])
+    for path in inputs:
+        cmd += ["-i", str(path)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, **(env or {})})
+
+
+def test_the_whole_path_on_mutated_files(samples, tiny_checkpoint, tmp_path):
+    """One run over CLI_SEEDS' files and the kept regressions: every input ends as it does
+    through probing and sampling here (its cues, or one ``ffai: error:`` line with the same
+    message), -q prints nothing else, and no input takes the run down."""
+    cases = [c for c in fuzz.cases(samples, max(CLI_SEEDS) + 1) if c.seed in CLI_SEEDS]
+    cases += [fuzz.Case(s, None, r) for s, r, _ in fuzz.REGRESSIONS]
+    paths = [c.write(samples, tmp_path) for c in cases]
+    expected = {path: fuzz.check(path) for path in paths}
+    errors = sorted(f"ffai: error: {o.message}" for o in expected.values() if o.kind == "error")
+    # --window 2: a video's samples make ceil(n / 2) cues, a still one.
+    cues = sum(1 if o.kind == "image" else -(-o.frames // 2) for o in expected.values() if o.kind != "error")
+    assert errors and cues  # the set holds both kinds of ending
+    done = caption(tiny_checkpoint, paths)
+    assert "Traceback" not in done.stderr
+    assert sorted(done.stderr.splitlines()) == errors
+    assert done.returncode == 1
+    assert len(done.stdout.splitlines()) == cues
+    for _, _, message in fuzz.REGRESSIONS:
+        assert any(message in line for line in errors)
+
+
+def test_a_single_damaged_file_is_one_line_and_q_silences_warnings(samples, tiny_checkpoint, tmp_path):
+    sample, recipe, expected = fuzz.REGRESSIONS[-1]
+    broken = fuzz.Case(sample, None, recipe).write(samples, tmp_path)
+    done = caption(tiny_checkpoint, [broken])
+    assert (done.returncode, done.stdout) == (1, "")
+    assert done.stderr == f"ffai: error: {broken}: {expected}\n"
+    # A file cut short: its skipped packet is a warning, which -q silences and -q's absence shows.
+    cut = samples["mp4_cut_faststart"]
+    quiet = caption(tiny_checkpoint, [cut])
+    assert (quiet.returncode, quiet.stderr) == (0, "") and quiet.stdout
+    loud = caption(tiny_checkpoint, [cut], quiet=False)
+    assert loud.returncode == 0 and loud.stdout == quiet.stdout
+    assert loud.stderr == f"ffai: warning: {cut}: skipped 1 video packet(s) that failed to decode\n"
+
+
+def test_a_decoder_crash_does_not_take_the_run_down(samples, tiny_checkpoint, tmp_path):
+    crasher = tmp_path / "crash.mp4"
+    crasher.write_bytes(samples["mp4_default"].read_bytes())
+    good = samples["mp4_default"]
+    done = caption(tiny_checkpoint, [crasher, good], env={media.FAULT_ENV: f"crash:{crasher.name}"})
+    assert done.returncode == 1
+    assert done.stderr == f"ffai: error: {crasher}: the decoder crashed (killed by SIGSEGV)\n"
+    assert len(done.stdout.splitlines()) == 1  # the good clip's 2 samples: one cue of --window 2
