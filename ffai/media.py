@@ -623,6 +623,7 @@ def _serve_forks(fd: int) -> None:
     """The fork server's loop (run as ``python -c``): fork a child per request, reap on request,
     and end when the parent hangs up."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    Image.init()  # Pillow imports its format plugins on first open: once here, not in every child
     sock = socket.socket(fileno=fd)
     control = multiprocessing.connection.Connection(os.dup(fd))
     while True:
