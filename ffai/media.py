@@ -576,8 +576,10 @@ class _ForkServer:
     def __init__(self) -> None:
         ours, theirs = socket.socketpair()
         code = f"from ffai.media import _serve_forks; _serve_forks({theirs.fileno()})"
+        # This process's import path, so the server finds the same ffai however it was started.
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         self.process = subprocess.Popen(
-            [sys.executable, "-c", code], pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL
+            [sys.executable, "-c", code], pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=env
         )
         theirs.close()
         self.socket = ours
@@ -714,7 +716,10 @@ class _Child:
     def __init__(self, decoder: Decoder, op: str, file: Path, args: tuple = ()) -> None:
         self.decoder, self.file = decoder, file
         self.server = _server()
-        self.pid, self.conn = self.server.fork((op, file, args))
+        try:
+            self.pid, self.conn = self.server.fork((op, file, args))
+        except (EOFError, OSError) as e:  # the server is gone: no file can be read
+            raise FfaiError(f"cannot start a decoder process for {file} (its fork server exited: {e})") from e
         self.started = time.monotonic()
         self.asked: float | None = None
         self.status: int | None = None

@@ -131,6 +131,14 @@ def test_child_warnings_reach_this_process_as_log_records(samples, caplog):
     ]
 
 
+def test_a_fork_server_that_died_is_started_again(samples):
+    server = media._server()
+    server.process.kill()
+    server.process.wait()
+    assert media.Decoder().probe(samples["png_rgb"]).kind == "image"
+    assert media._server() is not server
+
+
 @pytest.fixture
 def faulty_server(monkeypatch):
     """A fork server of its own, started with the decoder fault stand-in in its environment."""
