@@ -29,7 +29,7 @@ from pathlib import Path
 from ffai.bench import cases
 from ffai.bench.cases import Item, QualityItem
 from ffai.captioning import Captioner, CaptionOptions, available_cores
-from ffai.engine import DecodingOptions, DescribeRequest, RuntimeOptions
+from ffai.engine import DTYPES, DecodingOptions, DescribeRequest, RuntimeOptions
 from ffai.errors import FfaiError, ModelError
 
 ARMS = ("ffai", "reference")
@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("arm", choices=ARMS)
     parser.add_argument("case", choices=(*cases.CASES, QUALITY))
     parser.add_argument("--model", type=Path, required=True)
-    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    parser.add_argument("--dtype", default="float32", choices=DTYPES)
     parser.add_argument("--cores", type=int, help="cores both arms may use (default: this process's)")
     parser.add_argument("--clip", type=Path)
     parser.add_argument("--corpus", type=Path)

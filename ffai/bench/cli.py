@@ -1,7 +1,7 @@
 """`ffai bench vlm`: ffai's engine against the transformers reference, four gates, one ledger line.
 
     ffai bench vlm [--model NAME|PATH] [--cases frame,still,window,clip] [--repeats N]
-                   [--dtype float32|bfloat16] [--quality-corpus DIR] [--json] [--ledger FILE]
+                   [--dtype float32|bfloat16|int8] [--quality-corpus DIR] [--json] [--ledger FILE]
 
 How a run goes (choices documented here, in one place):
 
@@ -18,8 +18,15 @@ How a run goes (choices documented here, in one place):
 - Both arms get the same cores: the reference one process with that many torch threads, ffai
   its stages placed and threaded as ``ffai caption`` places a video run on that many cores
   (``ffai.captioning.placement``: one process taking turns on 2 cores or fewer).
-- ``--dtype bfloat16`` runs ffai in bfloat16 against the float32 reference: the token
-  agreement is reported and the correctness gate is SKIP; the RSS target becomes 0.5x.
+- Per case, once, untimed: the precision run (``python -m ffai.bench.agreement``), ffai alone
+  in ``--dtype`` on the case's items with the engine's per-token timestamps (prefill, decode
+  ms/token), beside the machine's memory bandwidth and the decode floor it sets; for an opt-in
+  dtype (``int8``, ``bfloat16``) the same process runs ffai in float32 too, for the agreement
+  gate (cosines of tile embeddings and prefill logits, tokens agreeing with float32), which
+  replaces the correctness gate; ffai's timed arm still runs in ``--dtype`` against the
+  float32 reference, and the speed and RSS targets are the dtype's (``gates``).
+- The CPU: its model and the flags that decide which dtype is fast, in the report and the
+  ledger, so figures from different machines are never compared blindly.
 - Quality: with ``--quality-corpus DIR`` (images + questions.jsonl), or when the model is the
   bundled ``smolvlm-demo`` (its held-out scenes), each arm answers once more in its own
   process; otherwise the gate is SKIP.
@@ -92,12 +99,26 @@ def run_arm(arm: str, case: str, model_dir: Path, options: BenchOptions, cores: 
 
     cmd = arms.command(arm, case, model_dir, dtype=options.dtype, cores=cores, quality_n=options.quality_n, **paths)
     proc, peak, wall = run_measured(cmd)
+    return {**_result(proc, f"the {arm} arm", case), "peak_rss": peak, "wall_s": round(wall, 3)}
+
+
+def run_precision(case: str, model_dir: Path, options: BenchOptions, cores: int, clip: Path | None) -> dict:
+    """The case's untimed precision run (``ffai.bench.agreement``) in a fresh process; its JSON."""
+    import subprocess
+
+    from ffai.bench import agreement
+
+    cmd = agreement.command(case, model_dir, dtype=options.dtype, cores=cores, clip=clip)
+    return _result(subprocess.run(cmd, capture_output=True, text=True), "the precision run", case)
+
+
+def _result(proc, what: str, case: str) -> dict:
+    """The JSON line a bench subprocess printed last, or its one-line error as an EngineError."""
     if proc.returncode != 0:
         lines = proc.stderr.strip().splitlines()
         reason = next((line for line in lines if line.startswith("ffai: error:")), lines[-1] if lines else "no output")
-        raise EngineError(f"the {arm} arm failed on the {case} case: {reason.removeprefix('ffai: error: ')}")
-    lines = proc.stdout.strip().splitlines()
-    return {**json.loads(lines[-1]), "peak_rss": peak, "wall_s": round(wall, 3)}
+        raise EngineError(f"{what} failed on the {case} case: {reason.removeprefix('ffai: error: ')}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def run_bench(options: BenchOptions, log: Callable[[str], None] = lambda message: None) -> dict:
@@ -109,7 +130,9 @@ def run_bench(options: BenchOptions, log: Callable[[str], None] = lambda message
     model_dir = models.resolve(options.model) if options.model else checkpoints.default_checkpoint(log)
     corpus = "demo" if options.quality_corpus is None and inputs.is_demo_model(model_dir) else options.quality_corpus
     cores = options.cores or available_cores()
+    cpu = ledger.cpu_identity()
     runs: dict[str, dict[str, list[dict]]] = {case: {arm: [] for arm in gates.ARMS} for case in options.cases}
+    precision: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="ffai-bench-") as tmp:
         clip = inputs.write_clip(Path(tmp) / "clip.mp4") if "clip" in options.cases else None
         for case, r, arm in gates.schedule(list(options.cases), options.repeats):
@@ -119,6 +142,9 @@ def run_bench(options: BenchOptions, log: Callable[[str], None] = lambda message
                 f"peak RSS {result['peak_rss'] / MIB:.0f} MiB"
             )
             runs[case][arm].append(result)
+        for case in options.cases:
+            precision[case] = run_precision(case, model_dir, options, cores, clip if case == "clip" else None)
+            log(f"{case} precision: {_precision_line(precision[case])}")
     quality = None
     if corpus is not None:
         quality = {"corpus": str(corpus)}
@@ -127,18 +153,35 @@ def run_bench(options: BenchOptions, log: Callable[[str], None] = lambda message
             result = run_arm(arm, QUALITY, model_dir, options, cores, corpus=path)
             quality[arm] = {k: result[k] for k in ("correct", "total", "time_s", "answers")}
             log(f"quality {arm}: {result['correct']}/{result['total']}")
-    records = [gates.summarize_case(case, runs[case], options.dtype) for case in options.cases]
+    flags = frozenset(cpu["flags"])
+    records = [
+        gates.summarize_case(case, runs[case], options.dtype, precision[case], flags) for case in options.cases
+    ]
     results = gates.gates(records, quality, options.dtype)
     return {
         "model": str(model_dir),
         "dtype": options.dtype,
         "repeats": options.repeats,
         "cores": cores,
+        "cpu": cpu,
         "cases": records,
         "quality": quality,
         "gates": results,
         "passed": gates.passed(results),
     }
+
+
+def _precision_line(result: dict) -> str:
+    floor = result["floor"]
+    decode = result["decode_ms_per_token"]
+    line = (
+        f"prefill {result['prefill_s']:.2f} s, decode {decode} ms/token, floor {floor['ms']:.2f} ms "
+        f"({floor['bytes'] / 1e6:.0f} MB at {floor['bandwidth_gb_s']} GB/s)"
+    )
+    if result["tile_cosines"] is None:
+        return line
+    tile = min(c for cosines in result["tile_cosines"].values() for c in cosines)
+    return f"{line}; cosine with float32: tiles ≥ {tile:.5f}, logits ≥ {min(result['logits_cosines'].values()):.5f}"
 
 
 # --- presentation --------------------------------------------------------------------------
@@ -150,43 +193,97 @@ def _times(arm: dict) -> str:
     return f"{arm['min_s']:.2f}/{arm['median_s']:.2f}"
 
 
-def _mark(met: bool) -> str:
-    return "✓" if met else "✗"
+def _mark(met: bool | None) -> str:
+    return "" if met is None else " ✓" if met else " ✗"
+
+
+def _tokens(record: dict) -> str:
+    """float32: the arms' tokens "same" (or the share that is); other dtypes: "agree N/32" with float32."""
+    precision = record["precision"]
+    if precision is not None and "tokens" in precision:
+        return f"agree {precision['tokens']['same']}/{precision['tokens']['total']}"
+    return "same" if record["tokens"]["equal"] else f"{100 * record['tokens']['agreement']:.0f}% same"
+
+
+def cpu_line(cpu: dict) -> str:
+    return f"{cpu['model'] or 'unknown CPU'} ({' '.join(cpu['flags']) or 'no flags listed'})"
 
 
 def render(report: dict, console) -> None:
-    """The cases table and the gates table, for people (stderr)."""
+    """The cases table, the precision table and the gates table, for people (stderr)."""
     from rich.table import Table
 
     records = report["cases"]
-    targets = ", ".join(f"{r['case']} ≥{r['speedup_target']}x" for r in records)
+    targets = ", ".join(
+        f"{r['case']} ≥{r['speedup_target']}x" if r["speedup_target"] else f"{r['case']} none" for r in records
+    )
     rss_target = records[0]["rss_target"] if records else None
     table = Table(
         title=f"ffai bench vlm ({report['dtype']}, {report['repeats']} repeats, {report['cores']} cores)",
-        caption=f"{report['model']}\ntimes in s (min/median); targets: speed-up {targets}; RSS ratio ≤{rss_target}x",
+        caption=f"{report['model']}\n{cpu_line(report['cpu'])}\n"
+        f"times in s (min/median); targets: speed-up {targets}; RSS ratio ≤{rss_target}x",
     )
     for column in ("case", "items", "ffai s", "ref s", "speed-up", "ffai MiB", "ref MiB", "RSS ratio", "tokens"):
         table.add_column(column, justify="left" if column in ("case", "tokens") else "right")
     for r in records:
-        tokens = "same" if r["tokens"]["equal"] else f"{100 * r['tokens']['agreement']:.0f}% same"
         table.add_row(
             r["case"],
             str(r["tokens"]["items"]),
             _times(r["ffai"]),
             _times(r["reference"]),
-            f"{r['speedup_median']:.2f}x {_mark(r['speedup_target_met'])}",
+            f"{r['speedup_median']:.2f}x{_mark(r['speedup_target_met'])}",
             f"{r['ffai']['peak_rss'] / MIB:.0f}",
             f"{r['reference']['peak_rss'] / MIB:.0f}",
-            f"{r['rss_ratio']:.2f}x {_mark(r['rss_target_met'])}",
-            tokens,
+            f"{r['rss_ratio']:.2f}x{_mark(r['rss_target_met'])}",
+            _tokens(r),
         )
     console.print(table)
+    render_precision(report, console)
     checks = Table(title="gates")
     for column in ("gate", "status", "detail"):
         checks.add_column(column)
     for name, gate in report["gates"].items():
         checks.add_row(name, f"[{_STYLES[gate['status']]}]{gate['status']}[/]", gate["detail"])
     console.print(checks)
+
+
+def _divergence(precision: dict) -> str:
+    """Where each item's tokens first left float32's: the position, or "item: position" per item."""
+    positions = precision["first_divergence"]
+    if len(positions) == 1:
+        [position] = positions.values()
+        return "none" if position is None else str(position)
+    return ", ".join(f"{item}: {position}" for item, position in positions.items() if position is not None) or "none"
+
+
+def render_precision(report: dict, console) -> None:
+    """Per case: agreement with float32 (opt-in dtypes) and decode time per token against the floor."""
+    from rich.table import Table
+
+    records = [r for r in report["cases"] if r["precision"] is not None]
+    if not records:
+        return
+    agreement = report["dtype"] != "float32"
+    first = records[0]["precision"]
+    floor_target = f", decode ≤{first['floor_target']}x the floor" if first["floor_target"] else ""
+    table = Table(
+        title=f"precision ({report['dtype']}, untimed run, {first['threads']} threads)",
+        caption=(f"cosine with float32 ≥{first['cosine_target']} (gated); tokens not gated\n" if agreement else "")
+        + f"floor: text tower + LM head at {report['dtype']} width / torch.sum bandwidth{floor_target}",
+    )
+    columns = ("case", "tile cos min", "logits cos min", "tokens", "first divergence") if agreement else ("case",)
+    for column in (*columns, "prefill s", "decode ms/token", "floor ms", "GB/s", "decode/floor"):
+        table.add_column(column, justify="left" if column in ("case", "tokens", "first divergence") else "right")
+    for r in records:
+        p = r["precision"]
+        row = [r["case"]]
+        if agreement:
+            row += [f"{p['tile_cosine_min']:.5f}", f"{p['logits_cosine_min']:.5f}", _tokens(r), _divergence(p)]
+        ratio = "–" if p["floor_ratio"] is None else f"{p['floor_ratio']:.2f}x{_mark(p['floor_target_met'])}"
+        decode = "–" if p["decode_ms_per_token"] is None else f"{p['decode_ms_per_token']:.2f}"
+        row += [f"{p['prefill_s']:.2f}", decode, f"{p['floor_ms']:.2f}", f"{p['bandwidth_gb_s']:.1f}", ratio]
+        table.add_row(*row)
+    console.print(table)
 
 
 @bench_app.command("vlm")
@@ -202,7 +299,11 @@ def vlm(
     ] = ",".join(inputs.CASES),
     repeats: Annotated[int, typer.Option("--repeats", help="Timed runs per arm and case (ABBA order).")] = 2,
     dtype: Annotated[
-        str, typer.Option("--dtype", help="ffai's dtype: float32, or bfloat16 (against the float32 reference).")
+        str,
+        typer.Option(
+            "--dtype",
+            help="ffai's dtype: float32 (exact), or int8 / bfloat16 (opt-in, their agreement with float32 gated).",
+        ),
     ] = "float32",
     quality_corpus: Annotated[
         Optional[Path],

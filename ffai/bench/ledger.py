@@ -1,8 +1,9 @@
 """The bench ledger: one JSON line appended per run, so runs can be compared over time.
 
-A line holds when and where the run happened (versions, cores, torch threads per arm, git
-commit), what was run (model, dtype, repeats), each case's times, ratios and RSS (tokens left
-out: they are long and only matter through the gates), and the gates. The default ledger is
+A line holds when and where the run happened (versions, cores, the CPU's model and the flags
+that decide which dtype is fast, torch threads per arm, git commit), what was run (model, dtype,
+repeats), each case's times, ratios, RSS and precision figures (tokens left out: they are long
+and only matter through the gates), and the gates. The default ledger is
 ``$FFAI_HOME/bench/ledger.jsonl`` (``~/.cache/ffai/bench/ledger.jsonl`` without FFAI_HOME),
 read from the environment when the bench appends, not when this module is imported.
 """
@@ -15,16 +16,21 @@ import json
 import platform
 import subprocess
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ffai.bench.checkpoints import REPO
 from ffai.errors import OutputError
 from ffai.models import ffai_home
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ffai.cpu import CpuInfo
 
 PACKAGES = ("ffai", "torch", "transformers", "tokenizers", "av", "pillow")
 REQUIRED_KEYS = (
     "time",
     "versions",
     "cores",
+    "cpu",
     "torch_threads",
     "git_commit",
     "model",
@@ -69,14 +75,13 @@ def git_commit(repo: Path = REPO) -> str | None:
     return head.stdout.strip() + ("+dirty" if status.stdout.strip() else "")
 
 
-def cpu_model() -> str | None:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or None
+def cpu_identity(info: "CpuInfo | None" = None) -> dict:
+    """The CPU's model name and the flags that decide which dtype runs fast (``ffai.cpu``; this
+    machine's unless ``info`` is given), as the report and the ledger record them."""
+    from ffai import cpu
+
+    info = cpu.host() if info is None else info
+    return {"model": info.model, "flags": list(info.relevant_flags)}
 
 
 def ledger_line(report: dict) -> dict:
@@ -91,7 +96,7 @@ def ledger_line(report: dict) -> dict:
         "time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "versions": versions(),
         "cores": report["cores"],
-        "cpu": cpu_model(),
+        "cpu": report["cpu"],
         "torch_threads": {
             r["case"]: {arm: r[arm]["torch_threads"] for arm in ("ffai", "reference")} for r in report["cases"]
         },
