@@ -280,13 +280,14 @@ def test_the_tables_say_agree_n_of_32_and_name_the_cpu():
         "repeats": 1,
         "cores": 2,
         "cpu": {"model": "AMD EPYC 9R14", "flags": ["avx2", "avx512_vnni"]},
+        "load_average": {"start": 1.52, "end": None},
         "cases": [record],
         "gates": gates.gates([record], None, "int8"),
     }
     console = Console(record=True, width=200)
     render(report, console)
     text = console.export_text()
-    assert "AMD EPYC 9R14 (avx2 avx512_vnni)" in text
+    assert "AMD EPYC 9R14 (avx2 avx512_vnni), load average 1.5 → ?" in text
     assert text.count("agree 30/32") == 2  # the cases table and the precision table
     assert "1.25x ✗" in text and "decode ≤1.2x the floor" in text  # 5.0 ms/token against a 4.0 ms floor
     assert "same" not in text.split("gates")[0]
@@ -450,6 +451,7 @@ def test_bench_on_the_tiny_checkpoint(tiny_checkpoint, tmp_path):
     assert line["gates"] == report["gates"] and set(line["cases"]) == {"frame", "clip"}
     assert line["versions"]["torch"] and line["cores"] == 1
     assert line["cpu"] == report["cpu"] and line["cases"]["frame"]["precision"] == frame["precision"]
+    assert line["load_average"] == report["load_average"] and report["load_average"]["start"] >= 0
 
 
 @pytest.mark.slow

@@ -5,6 +5,8 @@
   default), cached in ``.cache/checkpoints/``, and the transformers reference loaded on them.
 - ``sample_media``: small generated clips (frame indices drawn in), for the tests and scripts.
 - ``arms``: the two arms, each run in a fresh subprocess (``python -m ffai.bench.arms``).
+- ``agreement``: the untimed precision run per case (``python -m ffai.bench.agreement``): ffai
+  in the bench's dtype against ffai in float32, decode time per token against the memory floor.
 - ``gates``: the schedule (ABBA), per-case summaries and the four gates.
 - ``ledger``: one JSON line per run, appended.
 - ``cli``: the ``bench_app`` typer app with the ``vlm`` command.

@@ -12,7 +12,9 @@ correctness gate and the oracle tests keep), and for each item of the case:
 - the case's 32 forced greedy tokens in both (the gates compare them position by position);
 - in ``--dtype``: the time to the first token (embedding + prefill) and the decode time per
   token, from the timestamps the engine's ``on_token`` hook gives as each token comes (after
-  one untimed warm-up on the first item, as the timed arms warm up).
+  one untimed warm-up on the first item, as the timed arms warm up). Reported: the median over
+  items of the first, the median over all decode steps of the second (on shared cores a step
+  that lost its core to another process is an outlier, not the decode rate).
 
 With ``--dtype float32`` only one model is loaded and only the timings are measured.
 
@@ -123,14 +125,12 @@ def prefill_logits(model, encoded) -> "torch.Tensor":
         return prefill(net, x, net.text.reserve_cache(1, ids.shape[1]))[0]
 
 
-def timed_tokens(model, encoded) -> tuple[list[int], float, float | None]:
-    """The tokens, the seconds to the first one, and the seconds per token after it."""
+def timed_tokens(model, encoded) -> tuple[list[int], float, list[float]]:
+    """The tokens, the seconds to the first one, and the seconds between each token and the next."""
     stamps: list[float] = []
     start = time.perf_counter()
     ids = model.text.generate_ids(encoded, lambda _: stamps.append(time.perf_counter()))
-    first = stamps[0] - start
-    per_token = (stamps[-1] - stamps[0]) / (len(stamps) - 1) if len(stamps) > 1 else None
-    return ids, first, per_token
+    return ids, stamps[0] - start, [b - a for a, b in zip(stamps, stamps[1:])]
 
 
 def text_threads(model_dir: Path, runtime: RuntimeOptions, cores: int) -> int:
@@ -161,18 +161,17 @@ def run(case: str, model_dir: Path, *, dtype: str, cores: int | None = None, cli
     tokens: dict[str, dict[str, list[int]]] = {"ours": {}, "float32": {}}
     tiles: dict[str, list[float]] = {}
     logits: dict[str, float] = {}
-    first_s, per_token_s = [], []
+    first_s, steps_s = [], []
     # One untimed pass over the first item, as the timed arms warm up: a fresh model's first
     # prefill and decode steps pay for one-off kernel and buffer set-up.
     timed_tokens(ours, ours.encode(ours.preprocess(items[0].images, options, split=items[0].split)))
     for item in items:
         prepared = ours.preprocess(item.images, options, split=item.split)
         encoded = ours.encode(prepared)
-        ids, first, per_token = timed_tokens(ours, encoded)
+        ids, first, steps = timed_tokens(ours, encoded)
         tokens["ours"][item.id] = ids
         first_s.append(first)
-        if per_token is not None:
-            per_token_s.append(per_token)
+        steps_s += steps
         if exact is None:
             continue
         reference = exact.encode(prepared)
@@ -188,7 +187,7 @@ def run(case: str, model_dir: Path, *, dtype: str, cores: int | None = None, cli
         "tokens": tokens["ours"],
         "float32_tokens": tokens["float32"] or None,
         "prefill_s": round(statistics.median(first_s), 4),
-        "decode_ms_per_token": round(1e3 * statistics.median(per_token_s), 3) if per_token_s else None,
+        "decode_ms_per_token": round(1e3 * statistics.median(steps_s), 3) if steps_s else None,
         "floor": decode_floor(model_dir, dtype, bytes_per_s),
     }
 

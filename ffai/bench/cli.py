@@ -26,7 +26,9 @@ How a run goes (choices documented here, in one place):
   replaces the correctness gate; ffai's timed arm still runs in ``--dtype`` against the
   float32 reference, and the speed and RSS targets are the dtype's (``gates``).
 - The CPU: its model and the flags that decide which dtype is fast, in the report and the
-  ledger, so figures from different machines are never compared blindly.
+  ledger, so figures from different machines are never compared blindly; beside it the load
+  average when the run started and ended (on shared cores torch's threads wait on each other,
+  and a busy machine can slow a 2-thread arm several times over).
 - Quality: with ``--quality-corpus DIR`` (images + questions.jsonl), or when the model is the
   bundled ``smolvlm-demo`` (its held-out scenes), each arm answers once more in its own
   process; otherwise the gate is SKIP.
@@ -131,6 +133,7 @@ def run_bench(options: BenchOptions, log: Callable[[str], None] = lambda message
     corpus = "demo" if options.quality_corpus is None and inputs.is_demo_model(model_dir) else options.quality_corpus
     cores = options.cores or available_cores()
     cpu = ledger.cpu_identity()
+    load = {"start": ledger.load_average()}
     runs: dict[str, dict[str, list[dict]]] = {case: {arm: [] for arm in gates.ARMS} for case in options.cases}
     precision: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="ffai-bench-") as tmp:
@@ -158,12 +161,14 @@ def run_bench(options: BenchOptions, log: Callable[[str], None] = lambda message
         gates.summarize_case(case, runs[case], options.dtype, precision[case], flags) for case in options.cases
     ]
     results = gates.gates(records, quality, options.dtype)
+    load["end"] = ledger.load_average()
     return {
         "model": str(model_dir),
         "dtype": options.dtype,
         "repeats": options.repeats,
         "cores": cores,
         "cpu": cpu,
+        "load_average": load,
         "cases": records,
         "quality": quality,
         "gates": results,
@@ -205,6 +210,10 @@ def _tokens(record: dict) -> str:
     return "same" if record["tokens"]["equal"] else f"{100 * record['tokens']['agreement']:.0f}% same"
 
 
+def _load(load: dict) -> str:
+    return " → ".join("?" if load[k] is None else f"{load[k]:.1f}" for k in ("start", "end"))
+
+
 def cpu_line(cpu: dict) -> str:
     return f"{cpu['model'] or 'unknown CPU'} ({' '.join(cpu['flags']) or 'no flags listed'})"
 
@@ -220,7 +229,7 @@ def render(report: dict, console) -> None:
     rss_target = records[0]["rss_target"] if records else None
     table = Table(
         title=f"ffai bench vlm ({report['dtype']}, {report['repeats']} repeats, {report['cores']} cores)",
-        caption=f"{report['model']}\n{cpu_line(report['cpu'])}\n"
+        caption=f"{report['model']}\n{cpu_line(report['cpu'])}, load average {_load(report['load_average'])}\n"
         f"times in s (min/median); targets: speed-up {targets}; RSS ratio ≤{rss_target}x",
     )
     for column in ("case", "items", "ffai s", "ref s", "speed-up", "ffai MiB", "ref MiB", "RSS ratio", "tokens"):

@@ -1,9 +1,10 @@
 """The bench ledger: one JSON line appended per run, so runs can be compared over time.
 
 A line holds when and where the run happened (versions, cores, the CPU's model and the flags
-that decide which dtype is fast, torch threads per arm, git commit), what was run (model, dtype,
-repeats), each case's times, ratios, RSS and precision figures (tokens left out: they are long
-and only matter through the gates), and the gates. The default ledger is
+that decide which dtype is fast, the load average as the run started and ended, torch threads
+per arm, git commit), what was run (model, dtype, repeats), each case's times, ratios, RSS and
+precision figures (tokens left out: they are long and only matter through the gates), and the
+gates. The default ledger is
 ``$FFAI_HOME/bench/ledger.jsonl`` (``~/.cache/ffai/bench/ledger.jsonl`` without FFAI_HOME),
 read from the environment when the bench appends, not when this module is imported.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 import datetime as dt
 import importlib.metadata
 import json
+import os
 import platform
 import subprocess
 from pathlib import Path
@@ -31,6 +33,7 @@ REQUIRED_KEYS = (
     "versions",
     "cores",
     "cpu",
+    "load_average",
     "torch_threads",
     "git_commit",
     "model",
@@ -84,6 +87,14 @@ def cpu_identity(info: "CpuInfo | None" = None) -> dict:
     return {"model": info.model, "flags": list(info.relevant_flags)}
 
 
+def load_average() -> float | None:
+    """The machine's one-minute load average (None where the OS has none)."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        return None
+
+
 def ledger_line(report: dict) -> dict:
     """The ledger's record of one bench report (see cli.run_bench)."""
     cases = {record["case"]: {k: v for k, v in record.items() if k != "case"} for record in report["cases"]}
@@ -97,6 +108,7 @@ def ledger_line(report: dict) -> dict:
         "versions": versions(),
         "cores": report["cores"],
         "cpu": report["cpu"],
+        "load_average": report["load_average"],
         "torch_threads": {
             r["case"]: {arm: r[arm]["torch_threads"] for arm in ("ffai", "reference")} for r in report["cases"]
         },
