@@ -3,6 +3,7 @@
     python scripts/fuzz_media.py --count 10000                 # probing + sampling, a forked child per file
     python scripts/fuzz_media.py --count 200 --cli             # the whole `ffai caption` path per file
     python scripts/fuzz_media.py --count 50 --first-seed 9000 --keep found/   # keep the files it flags
+    python scripts/fuzz_media.py --atheris -max_total_time=600   # coverage-guided, in this process
 
 Media path: each file runs through ``fuzz.check`` (probe, then the still or 4 samples at 1 fps)
 in a child forked from this process, so a crash inside FFmpeg or Pillow is a *death* of that child,
@@ -105,6 +106,30 @@ def run_cli(path: Path, timeout: float, checkpoint: Path) -> dict:
     return {**found, "rss": peak.peak}
 
 
+def run_atheris(samples: dict[str, Path], work: Path, libfuzzer_args: list[str]) -> None:
+    """Coverage-guided fuzzing of probing and sampling with atheris (``pip install atheris``),
+    seeded with the samples; libFuzzer's own flags pass through (``-max_total_time=600`` ...).
+    In this process: a crash in FFmpeg or Pillow stops the run with the input saved, as
+    libFuzzer does, and any exception but a MediaError is a finding."""
+    import atheris
+
+    atheris.instrument_all()  # ffai.media and Pillow are imported already: instrument what is loaded
+    suffixes = sorted({path.suffix for path in samples.values()})
+
+    def one_input(data: bytes) -> None:
+        # The content decides the kind; the suffix only varies what the demuxers guess first.
+        path = work / f"input{suffixes[len(data) % len(suffixes)]}"
+        path.write_bytes(data)
+        fuzz.check(path)
+
+    corpus = work / "corpus"
+    corpus.mkdir()
+    for path in samples.values():
+        (corpus / path.name).write_bytes(path.read_bytes())
+    atheris.Setup([sys.argv[0], *libfuzzer_args, str(corpus)], one_input)
+    atheris.Fuzz()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=1000, help="mutated files to run")
@@ -114,11 +139,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--samples", type=Path, help="folder for the unmutated samples (default: a temporary one)")
     parser.add_argument("--keep", type=Path, help="copy every flagged file here, with its recipe")
     parser.add_argument("--json", action="store_true", help="one JSON line per file on stdout")
-    args = parser.parse_args(argv)
+    parser.add_argument(
+        "--atheris", action="store_true", help="coverage-guided fuzzing instead (needs atheris; libFuzzer flags follow)"
+    )
+    args, rest = parser.parse_known_args(argv)
+    if rest and not args.atheris:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
 
     with tempfile.TemporaryDirectory(prefix="ffai-fuzz-") as tmp:
         work = Path(tmp)
         samples = fuzz.make_samples(args.samples or work / "samples")
+        if args.atheris:
+            run_atheris(samples, work, rest)
+            return 0
         if args.cli:
             from ffai.bench import checkpoints
 
