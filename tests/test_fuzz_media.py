@@ -78,7 +78,6 @@ def test_mutated_files_probe_and_sample_to_frames_or_one_line_errors(samples, sa
     file gives frames or a one-line MediaError naming it; any other exception fails the test."""
     mine = [c for c in fuzz.cases(samples, CASES) if c.sample == sample]
     assert len(mine) == CASES // len(samples)
-    outcomes = []
     for case in mine:
         path = case.write(samples, tmp_path)
         with caplog.at_level(logging.WARNING, logger="ffai"):
@@ -86,10 +85,7 @@ def test_mutated_files_probe_and_sample_to_frames_or_one_line_errors(samples, sa
         if outcome.kind == "error":
             assert _one_line_naming(outcome.message, path), (case, outcome)
         assert outcome.frames <= fuzz.MAX_FRAMES
-        outcomes.append(outcome.kind)
     assert all("\n" not in record.getMessage() for record in caplog.records)
-    # The subset is worth running: some files still read, and damage is found in others.
-    assert len(outcomes) == len(mine)
 
 
 @pytest.mark.parametrize("sample, recipe, expected", fuzz.REGRESSIONS, ids=lambda v: str(v)[:24])
