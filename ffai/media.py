@@ -576,10 +576,15 @@ class _ForkServer:
     def __init__(self) -> None:
         ours, theirs = socket.socketpair()
         code = f"from ffai.media import _serve_forks; _serve_forks({theirs.fileno()})"
-        # This process's import path, so the server finds the same ffai however it was started.
+        # This process's import path, so the server finds the same ffai however it was started;
+        # no stdout, which may be the track (-o -), for it or its children.
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         self.process = subprocess.Popen(
-            [sys.executable, "-c", code], pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=env
+            [sys.executable, "-c", code],
+            pass_fds=[theirs.fileno()],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            env=env,
         )
         theirs.close()
         self.socket = ours
