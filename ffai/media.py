@@ -554,7 +554,7 @@ REALTIME_FACTOR = 5.0
 # A child may map at most this much memory (RLIMIT_AS): FFmpeg and Pillow allocate what a
 # header claims (sample tables, frame buffers), and a hostile claim must end in an allocation
 # failure, a one-line error, rather than in a machine out of memory. The largest legal frame
-# (MAX_SIDE squared, RGB) with its decoder's reference frames fits well within it.
+# (MAX_SIDE squared: 805 MB as RGB) and a few of its reference frames fit within it.
 MEMORY_LIMIT_BYTES = 8 << 30
 # Test-only: "crash:NAME" or "hang:NAME" makes the child decoding the file named NAME die of
 # SIGSEGV, or stop answering, as a decoder crash or hang would (probing it is left alone).
@@ -679,10 +679,9 @@ def _child_main(conn, op: str, file: Path, args: tuple) -> None:
     warnings.showwarning = show
     # The fault stand-in strikes while decoding (sampling or loading), after probing succeeded.
     fault = os.environ.get(FAULT_ENV, "") if op != "probe" else ""
-    try:
-        resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT_BYTES, MEMORY_LIMIT_BYTES))
-    except (ValueError, OSError):  # a lower hard limit is already set: keep it
-        pass
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    limit = MEMORY_LIMIT_BYTES if hard == resource.RLIM_INFINITY else min(hard, MEMORY_LIMIT_BYTES)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
     if op == "sample":
         answers = _sample(file, *args)
     else:  # one answer, computed when asked for
