@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import subprocess
 import sys
 import time
@@ -94,8 +93,7 @@ def test_kept_regressions_end_in_one_line_errors(samples, tmp_path, sample, reci
     outcome = fuzz.check(path)
     assert outcome.kind == "error" and expected in outcome.message
     assert _one_line_naming(outcome.message, path)
-    with pytest.raises(MediaError, match=re.escape(expected)):  # the same through a decoder child
-        media.Decoder().probe(path)
+    assert fuzz.check(path, media.Decoder()) == outcome  # the same through decoder children
 
 
 # ---------------------------------------------------------------------------- decoder children
@@ -207,7 +205,7 @@ def test_the_whole_path_on_mutated_files(samples, tiny_checkpoint, tmp_path):
 
 
 def test_a_single_damaged_file_is_one_line_and_q_silences_warnings(samples, tiny_checkpoint, tmp_path):
-    sample, recipe, expected = fuzz.REGRESSIONS[-1]
+    sample, recipe, expected = next(r for r in fuzz.REGRESSIONS if r[0] == "png_rgb")  # Truncated IHDR
     broken = fuzz.Case(sample, None, recipe).write(samples, tmp_path)
     done = caption(tiny_checkpoint, [broken])
     assert (done.returncode, done.stdout) == (1, "")
