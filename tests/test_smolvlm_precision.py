@@ -135,6 +135,7 @@ def test_int8_model_holds_no_float32_copy_of_a_quantised_weight(tiny_checkpoint,
         assert qweight.qscheme() == torch.per_channel_affine and qweight.q_per_channel_axis() == 0
         assert not qweight.q_per_channel_zero_points().any()
         assert layer.parts == getattr(reference, "parts", ())
+        assert layer.float_rows == (name.startswith("text.layers.") and name.endswith(".mlp.down_proj")), name
         if reference.bias is not None:
             assert torch.equal(bias, reference.bias)
         # the int8 weight is the float weight to within half a step of its row's scale
@@ -150,6 +151,21 @@ def test_int8_model_holds_no_float32_copy_of_a_quantised_weight(tiny_checkpoint,
     linear_numel = sum(p.numel() for n in linears for p in exact.get_submodule(n).parameters())
     assert sum(p.numel() for p in held.values()) == sum(p.numel() for p in exact.parameters()) - linear_numel
     assert not list(int8_model.buffers())
+
+
+def test_int8_float_rows_layer_multiplies_prefill_rows_in_float32(int8_model):
+    layer = int8_model.text.layers[0].mlp.down_proj
+    assert layer.float_rows
+    qweight, bias = torch.ops.quantized.linear_unpack(layer.packed)
+    gen = torch.Generator().manual_seed(0)
+    rows = torch.randn(1, 5, layer.in_features, generator=gen) * torch.logspace(-3, 1, 5)[None, :, None]  # far apart
+    assert torch.equal(layer(rows), F.linear(rows, qweight.dequantize(), bias))
+    one = rows[:, -1:]
+    assert torch.equal(layer(one), torch.ops.quantized.linear_dynamic(one, layer.packed, layer.reduce_range))
+    # the smallest row keeps its precision, which one shared activation scale would lose
+    exact = F.linear(rows, qweight.dequantize(), bias)[0, 0]
+    shared = torch.ops.quantized.linear_dynamic(rows, layer.packed, layer.reduce_range)[0, 0]
+    assert _cosine(shared, exact) < 0.99
 
 
 def _image(seed: int) -> Image.Image:

@@ -97,18 +97,35 @@ class QuantizedLinear(nn.Module):
     saturates in 16 bits (AVX2's vpmaddubsw); AVX-512 VNNI sums u8 x s8 straight into 32 bits,
     so there all 8 bits are used (``weights.int8_reduce_range``): on the real-shape checkpoint
     that took the tile embeddings' cosine with float32 from 0.9984 to 0.9994.
+
+
+    ``float_rows``: an input of several rows (a prefill) is multiplied in float32 by the int8
+    weight dequantised for the call, instead of being quantised itself. The dynamic kernels give
+    all rows of a call one activation scale, which loses the small rows of a prefill to its
+    largest; a one-row input (a decode step) has its own scale and stays on the int8 kernel.
+    ``weights.INT8_FLOAT_ROWS`` says which layers need it.
     """
 
     def __init__(
-        self, weight: torch.Tensor, bias: torch.Tensor | None, *, reduce_range: bool, parts: tuple[int, ...] = ()
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        *,
+        reduce_range: bool,
+        parts: tuple[int, ...] = (),
+        float_rows: bool = False,
     ) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape
         self.parts = parts
         self.reduce_range = reduce_range
+        self.float_rows = float_rows
         self.packed = pack_int8(weight, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.float_rows and x.numel() != self.in_features:
+            weight, bias = torch.ops.quantized.linear_unpack(self.packed)
+            return F.linear(x, weight.dequantize(), bias)
         return torch.ops.quantized.linear_dynamic(x, self.packed, self.reduce_range)
 
     def extra_repr(self) -> str:

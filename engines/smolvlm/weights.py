@@ -250,7 +250,10 @@ class _Reader:
             weight = self.state.pop(f"{layer}.weight")
             bias = self.state.pop(f"{layer}.bias", None)
             parts = getattr(self.linears[layer], "parts", ())
-            self.quantized[layer] = QuantizedLinear(weight, bias, reduce_range=self.reduce_range, parts=parts)
+            float_rows = bool(INT8_FLOAT_ROWS.match(layer))
+            self.quantized[layer] = QuantizedLinear(
+                weight, bias, reduce_range=self.reduce_range, parts=parts, float_rows=float_rows
+            )
 
     def _empty(self, shape) -> torch.Tensor:
         return torch.empty(shape, dtype=self.dtype, device=self.device)
@@ -291,6 +294,15 @@ class _RawHeader:
         if self.raw.readinto(memoryview(into.view(torch.uint8).numpy()).cast("B")) != end - begin:
             raise ValueError(f"tensor {name}: file ends inside its data")
         return dst if direct else dst.copy_(into)
+
+
+# The int8 layers whose prefill rows run in float32 (QuantizedLinear's float_rows): the text
+# MLP's down projection, whose input silu(gate) * up spreads over a far wider range from token to
+# token than any other layer's. Measured on the real-shape checkpoint (frame and window cases,
+# cosine of the prefill logits with float32): all int8 0.9951 / 0.9942, below the 0.995 the
+# issue asks; down_proj's prefill rows in float32 0.9981 / 0.9977 (per-token int8 scales got
+# 0.9966 / 0.9965; float32 q/k/v, o_proj, gate/up or LM head instead gained at most 0.001).
+INT8_FLOAT_ROWS = re.compile(r"text\.layers\.\d+\.mlp\.down_proj$")
 
 
 def int8_reduce_range() -> bool:
