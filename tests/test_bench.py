@@ -455,30 +455,32 @@ def test_bench_on_the_tiny_checkpoint(tiny_checkpoint, tmp_path):
 
 
 @pytest.mark.slow
-def test_bench_in_bfloat16_gates_agreement_with_float32(tiny_checkpoint, tmp_path):
-    """--dtype bfloat16 for real: the agreement gate instead of correctness, its figures per case."""
+@pytest.mark.parametrize("dtype, width", [("bfloat16", 2), ("int8", 1)])
+def test_bench_in_an_opt_in_dtype_gates_agreement_with_float32(tiny_checkpoint, tmp_path, dtype, width):
+    """--dtype bfloat16 / int8 for real: the agreement gate instead of correctness, its figures per case."""
     ledger_file = tmp_path / "ledger.jsonl"
     args = ["--model", str(tiny_checkpoint), "--cases", "frame,clip", "--repeats", "1", "--cores", "1"]
-    args += ["--dtype", "bfloat16", "--json", "--no-fail", "--ledger", str(ledger_file)]
+    args += ["--dtype", dtype, "--json", "--no-fail", "--ledger", str(ledger_file)]
     proc = subprocess.run([sys.executable, "-c", RUN_CLI, *args], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
-    assert tuple(report["gates"]) == gates.gate_names("bfloat16")
-    # bfloat16 keeps 8 mantissa bits: on the tiny model the cosines clear the 0.9995 bound.
+    assert tuple(report["gates"]) == gates.gate_names(dtype)
+    # On the tiny model (two layers, 64 px tiles) both dtypes clear their bounds with room.
     assert report["gates"]["agreement"]["status"] == "PASS", report["gates"]["agreement"]
+    bound = gates.COSINE_MIN[dtype]
     for record, items, tiles in zip(report["cases"], (1, 6), (1, 12)):  # clip: 6 windows of 2 frames
         p = record["precision"]
-        assert p["float32_is_reference"] and p["cosine_target"] == 0.9995 and p["tiles"] == tiles
-        assert 0.9995 <= p["tile_cosine_min"] <= 1 and 0.9995 <= p["logits_cosine_min"] <= 1
+        assert p["float32_is_reference"] and p["cosine_target"] == bound and p["tiles"] == tiles
+        assert bound <= p["tile_cosine_min"] <= 1 and bound <= p["logits_cosine_min"] <= 1
         assert p["tile_cosine_min"] == min(c for cs in p["tile_cosines"].values() for c in cs)
         assert (p["tokens"]["items"], p["tokens"]["total"], len(p["first_divergence"])) == (items, 32 * items, items)
         assert all(pos is None or 0 <= pos < 32 for pos in p["first_divergence"].values())
-        assert p["floor_bytes"] == agreement.text_weights(tiny_checkpoint) * 2 and p["decode_ms_per_token"] > 0
-        assert record["rss_target"] == 0.6 and record["ffai"]["peak_rss"] > 0
+        assert p["floor_bytes"] == agreement.text_weights(tiny_checkpoint) * width and p["decode_ms_per_token"] > 0
+        assert record["rss_target"] == gates.RSS_TARGETS[dtype] and record["ffai"]["peak_rss"] > 0
         assert f"agree {p['tokens']['same']}/{p['tokens']['total']}" in proc.stderr
     assert report["cpu"] == ledger.cpu_identity()
     line = json.loads(ledger_file.read_text())
-    assert line["dtype"] == "bfloat16" and line["cpu"] == report["cpu"] and line["gates"] == report["gates"]
+    assert line["dtype"] == dtype and line["cpu"] == report["cpu"] and line["gates"] == report["gates"]
     assert line["cases"]["clip"]["precision"]["tokens"] == report["cases"][1]["precision"]["tokens"]
 
 
