@@ -209,13 +209,19 @@ def test_agreement_with_float32_on_the_tiny_checkpoint(tiny_checkpoint, dtype):
         assert _cosine(l_fast, l_exact) >= logits_bound
 
 
-def test_bfloat16_decodes_over_a_float32_cache(tiny_checkpoint):
+def test_bfloat16_holds_matmul_weights_in_bfloat16_and_the_text_stream_in_float32(tiny_checkpoint):
     model = load_model(tiny_checkpoint, dtype=torch.bfloat16)
-    cache = model.text.reserve_cache(1, 10)
-    assert model.text.embed_tokens.weight.dtype == torch.bfloat16
-    assert cache.dtype == torch.float32
-    exact = load_model(tiny_checkpoint)
-    assert exact.text.reserve_cache(1, 10).dtype == torch.float32
+    linears = {f"{n}.weight" for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    for name, param in model.named_parameters():
+        # the vision tower wholly in bfloat16; the text tower's matmuls only
+        wide = name.startswith("text.") and name not in linears
+        assert param.dtype == (torch.float32 if wide else torch.bfloat16), name
+    assert "text.embed_tokens.weight" not in linears and "text.lm_head.weight" in linears
+    assert model.text.reserve_cache(1, 10).dtype == torch.float32
+    ids = torch.tensor([[1, 2, 3]])
+    with torch.inference_mode():
+        logits = model.text(model.text.embed_tokens(ids), torch.arange(3))
+    assert logits.dtype == torch.float32
 
 
 @pytest.fixture(scope="module")

@@ -51,10 +51,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 class Linear(nn.Linear):
-    """``nn.Linear`` computed by :func:`linear`."""
+    """``nn.Linear`` computed by :func:`linear`, in the weight's dtype: an input of another dtype
+    (float32 activations into ``--dtype bfloat16``'s text tower) is cast to it and the output
+    back; for matching dtypes both casts are no-ops."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)
+        return linear(x.to(self.weight.dtype), self.weight, self.bias).to(x.dtype)
 
 
 class FusedLinear(Linear):
@@ -137,7 +139,8 @@ def pack_int8(weight: torch.Tensor, bias: torch.Tensor | None):
     import warnings
 
     w = weight.detach().to(torch.float32)
-    scale = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12).to(torch.float64)  # (out,)
+    low, high = torch.aminmax(w, dim=1)  # not w.abs(): no temporary the size of the weight
+    scale = (torch.maximum(-low, high) / 127.0).clamp(min=1e-12).to(torch.float64)  # (out,)
     zero = torch.zeros(w.shape[0], dtype=torch.long)
     with warnings.catch_warnings():
         # torch 2.13 marks quantised tensors deprecated; its dynamic int8 linear still takes them.

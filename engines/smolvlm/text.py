@@ -139,8 +139,7 @@ class Attention(nn.Module):
         v = qkv[:, :, h + kv :].transpose(1, 2)  # (B, Hkv, T, hd)
         if cache is not None:
             k, v = cache.update(self.layer, pos, k, v, end)  # (B, Hkv, end, hd)
-            q = q.to(cache.dtype)  # a no-op unless the cache is wider than the weights (bfloat16 on CPU)
-        y = self._attend(q, k, v).to(x.dtype)
+        y = self._attend(q, k, v)
         y = y.transpose(1, 2).reshape(b, t, -1)  # (B, T, H*hd)
         return self.o_proj(y)
 
@@ -230,17 +229,10 @@ class TextModel(nn.Module):
             self.rope = RopeTable(length, self.cfg.head_dim, self.cfg.rope_theta, x.dtype, x.device)
         return self.rope.rows(start, end)
 
-    def cache_dtype(self) -> torch.dtype:
-        """The weights' dtype, except bfloat16 on CPU: there attention runs in float32 over a
-        float32 cache, because torch's CPU attention for one bfloat16 query (a decode step) is
-        several times slower than for a float32 one (measured 5-8x); the cache is small (its
-        keys and values, not the weights), and the step's q/k/v are cast once as they go in."""
-        w = self.embed_tokens.weight
-        return torch.float32 if w.dtype == torch.bfloat16 and w.device.type == "cpu" else w.dtype
-
     def new_cache(self, batch: int, max_len: int) -> KVCache:
         """A cache of its own for the caller (the tower's own one is ``reserve_cache``'s)."""
-        return KVCache(self.cfg, batch, max_len, self.cache_dtype(), self.embed_tokens.weight.device)
+        w = self.embed_tokens.weight
+        return KVCache(self.cfg, batch, max_len, w.dtype, w.device)
 
     def reserve_cache(self, batch: int, length: int) -> KVCache:
         """The tower's cache, with room for ``length`` positions of ``batch`` sequences.
@@ -251,7 +243,7 @@ class TextModel(nn.Module):
         which a request writes before it reads.
         """
         w = self.embed_tokens.weight
-        if self.cache is None or not self.cache.fits(batch, length, self.cache_dtype(), w.device):
+        if self.cache is None or not self.cache.fits(batch, length, w.dtype, w.device):
             size = min(-(-length // CACHE_STEP) * CACHE_STEP, self.cfg.max_position_embeddings)
             self.cache = self.new_cache(batch, max(size, length))
         return self.cache
