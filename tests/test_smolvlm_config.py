@@ -13,7 +13,14 @@ import torch
 from ffai.bench import checkpoints
 from ffai.errors import ModelError
 from ffai_smolvlm.config import ModelConfig
-from ffai_smolvlm.weights import WEIGHT_NAMES, checkpoint_name, load_model, model_tensor, slots
+from ffai_smolvlm.weights import (
+    WEIGHT_NAMES,
+    bfloat16_text_in_float32,
+    checkpoint_name,
+    load_model,
+    model_tensor,
+    slots,
+)
 
 REAL_CONFIG = checkpoints.REFERENCE_DIR / "config.json"
 
@@ -360,6 +367,13 @@ def test_sharded_checkpoint_loads_the_same(tiny_copy):
 
 def test_loads_on_meta_then_fills_everything(tiny_checkpoint):
     model = load_model(tiny_checkpoint, dtype=torch.bfloat16)
-    tensors = list(model.parameters()) + list(model.buffers())
-    assert all(t.device.type == "cpu" and t.dtype == torch.bfloat16 for t in tensors)
+    tensors = dict(model.named_parameters()) | dict(model.named_buffers())
+    assert all(t.device.type == "cpu" for t in tensors.values())
+    # --dtype bfloat16 keeps the text tower's embedding table and RMSNorm weights in float32 (the
+    # residual stream stays float32, only the matmuls run in bfloat16); everything else is bfloat16.
+    kept = {name for name, t in tensors.items() if t.dtype == torch.float32}
+    assert kept == bfloat16_text_in_float32(model)
+    assert "text.embed_tokens.weight" in kept and "text.norm.weight" in kept
+    assert all(name.startswith("text.") and ("norm" in name or "embed_tokens" in name) for name in kept)
+    assert all(t.dtype == torch.bfloat16 for name, t in tensors.items() if name not in kept)
     assert not any(p.requires_grad for p in model.parameters())
