@@ -163,11 +163,15 @@ def test_agreement_gate_on_cosines_with_float32_tokens_reported():
         "tokens agreeing with float32 (reported, not gated): frame 19/32, diverging at 12",
     }
     # The same figures miss bfloat16's bound; a tile or logits just under int8's fails int8.
-    bf16 = agreement_record("bfloat16", precision_run({"frame": ours}, {"frame": exact}, 0.9994, 0.99999), {"frame": exact})
+    bf16 = agreement_record(
+        "bfloat16", precision_run({"frame": ours}, {"frame": exact}, 0.9994, 0.99999), {"frame": exact}
+    )
     assert gates.agreement_gate([bf16], "bfloat16")["status"] == "FAIL"
     assert "below it: frame tile 0.99940" in gates.agreement_gate([bf16], "bfloat16")["detail"]
     for tiles, logits, low in [(0.9949, 0.999, "frame tile 0.99490"), (0.999, 0.99499, "frame logits 0.99499")]:
-        bad = agreement_record("int8", precision_run({"frame": exact}, {"frame": exact}, tiles, logits), {"frame": exact})
+        bad = agreement_record(
+            "int8", precision_run({"frame": exact}, {"frame": exact}, tiles, logits), {"frame": exact}
+        )
         gate = gates.agreement_gate([record, bad], "int8")
         assert gate["status"] == "FAIL" and f"below it: {low};" in gate["detail"]
     # Identical tokens: 32/32 and no divergence.
@@ -205,22 +209,33 @@ def test_opt_in_dtype_targets_follow_the_cpu_and_the_memory_floor():
     emulated = agreement_record("bfloat16", precision_run(tokens, tokens), tokens, {"avx2"})
     assert (native["speedup_target"], native["rss_target"], native["precision"]["floor_target"]) == (1.8, 0.6, None)
     assert (emulated["speedup_target"], emulated["speedup_target_met"]) == (None, None)
-    exact = gates.summarize_case("frame", {"ffai": [run("ffai", 1.0, tokens)], "reference": [run("reference", 1.0, tokens)]},
-                                 "float32", precision_run(tokens, None, decode_ms=None), {"avx512_vnni"})
+    exact = gates.summarize_case(
+        "frame",
+        {"ffai": [run("ffai", 1.0, tokens)], "reference": [run("reference", 1.0, tokens)]},
+        "float32",
+        precision_run(tokens, None, decode_ms=None),
+        {"avx512_vnni"},
+    )
     assert exact["speedup_target"] == gates.SPEED_TARGETS["frame"] and exact["precision"]["floor_ratio"] is None
     assert "tile_cosine_min" not in exact["precision"] and exact["precision"]["floor_ms"] == 4.0
 
 
 def test_quality_gate_of_an_opt_in_dtype_is_one_point_of_float32():
     def quality(corpus, ours, exact, total=200):
-        return {"corpus": corpus, "ffai": {"correct": ours, "total": total}, "reference": {"correct": exact, "total": total}}
+        return {
+            "corpus": corpus,
+            "ffai": {"correct": ours, "total": total},
+            "reference": {"correct": exact, "total": total},
+        }
 
     assert gates.quality_gate(quality("demo", 196, 198), "int8")["status"] == "PASS"  # 98 % vs 99 %
     assert gates.quality_gate(quality("demo", 195, 198), "int8")["status"] == "FAIL"  # 1.5 points
     assert gates.quality_gate(quality("demo", 200, 197), "int8")["status"] == "FAIL"  # not within, either way
     assert gates.quality_gate(quality("demo", 189, 190), "bfloat16")["status"] == "FAIL"  # under 95 %
     assert gates.quality_gate(quality("demo", 189, 190), "float32")["status"] == "FAIL"  # float32: the same count
-    assert "(int8 within 1 point of float32 and ≥ 95 %)" in gates.quality_gate(quality("demo", 196, 198), "int8")["detail"]
+    assert (
+        "(int8 within 1 point of float32 and ≥ 95 %)" in gates.quality_gate(quality("demo", 196, 198), "int8")["detail"]
+    )
     # A corpus of one's own has no 95 % floor: random-weight models get little right.
     assert gates.quality_gate(quality("/corpus", 1, 1, total=2), "int8")["status"] == "PASS"
 
@@ -273,7 +288,9 @@ def test_the_tables_say_agree_n_of_32_and_name_the_cpu():
 
     exact = list(range(32))
     ours = exact[:30] + [0, 0]
-    record = agreement_record("int8", precision_run({"frame": ours}, {"frame": exact}), {"frame": exact}, {"avx512_vnni"})
+    record = agreement_record(
+        "int8", precision_run({"frame": ours}, {"frame": exact}), {"frame": exact}, {"avx512_vnni"}
+    )
     report = {
         "model": "m",
         "dtype": "int8",

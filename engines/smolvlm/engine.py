@@ -160,7 +160,9 @@ def _load_weights(model_dir: Path, runtime: RuntimeOptions, parts: tuple[str, ..
 
     # Thread counts are the pipeline's (ffai.pipeline.worker.set_threads), set per process before
     # any stage is built.
-    return load_model(model_dir, dtype=getattr(torch, runtime.dtype), device=_torch_device(runtime.device, runtime.dtype), parts=parts)
+    return load_model(
+        model_dir, dtype=getattr(torch, runtime.dtype), device=_torch_device(runtime.device, runtime.dtype), parts=parts
+    )
 
 
 class Preprocessor:

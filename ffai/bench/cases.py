@@ -103,7 +103,7 @@ def write_clip(path: Path) -> Path:
         for i in range(round(CLIP_SECONDS * CLIP_SOURCE_FPS)):
             # Pan across a double-width picture so every sampled frame differs.
             shift = i * FRAME_SIZE[0] // (CLIP_SECONDS * CLIP_SOURCE_FPS)
-            pixels = np.ascontiguousarray(base[:, int(shift): int(shift) + FRAME_SIZE[0]])
+            pixels = np.ascontiguousarray(base[:, int(shift) : int(shift) + FRAME_SIZE[0]])
             frame = av.VideoFrame.from_ndarray(pixels, format="rgb24")
             frame.pts, frame.time_base = i, Fraction(1, CLIP_SOURCE_FPS)
             container.mux(stream.encode(frame))
@@ -180,7 +180,7 @@ def corpus_items(folder: Path) -> list[QualityItem]:
             row = json.loads(line)
             image, question, answer = row["image"], row["question"], row["answer"]
         except (ValueError, KeyError, TypeError) as e:
-            raise UsageError(f"{questions}:{n}: expected {{\"image\", \"question\", \"answer\"}} ({e})") from e
+            raise UsageError(f'{questions}:{n}: expected {{"image", "question", "answer"}} ({e})') from e
         still = media.load_image(Path(folder) / image)
         out.append(QualityItem(str(n), (still,), True, question, str(answer), CORPUS_MAX_NEW))
     if not out:

@@ -157,9 +157,7 @@ def run_bench(options: BenchOptions, log: Callable[[str], None] = lambda message
             quality[arm] = {k: result[k] for k in ("correct", "total", "time_s", "answers")}
             log(f"quality {arm}: {result['correct']}/{result['total']}")
     flags = frozenset(cpu["flags"])
-    records = [
-        gates.summarize_case(case, runs[case], options.dtype, precision[case], flags) for case in options.cases
-    ]
+    records = [gates.summarize_case(case, runs[case], options.dtype, precision[case], flags) for case in options.cases]
     results = gates.gates(records, quality, options.dtype)
     load["end"] = ledger.load_average()
     return {
