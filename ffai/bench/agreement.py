@@ -31,7 +31,6 @@ so the decode time per token is the timed ffai arm's.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -39,8 +38,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ffai.bench import cases
+from ffai.bench.arms import print_result
 from ffai.engine import DTYPES, RuntimeOptions
-from ffai.errors import FfaiError
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -228,13 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cores", type=int, help="cores the timed arms use (default: this process's)")
     parser.add_argument("--clip", type=Path)
     args = parser.parse_args(argv)
-    try:
-        result = run(args.case, args.model, dtype=args.dtype, cores=args.cores, clip=args.clip)
-    except FfaiError as e:
-        print(f"ffai: error: {' '.join(str(e).split())}", file=sys.stderr, flush=True)
-        return e.exit_code
-    print(json.dumps(result, ensure_ascii=False), flush=True)
-    return 0
+    return print_result(lambda: run(args.case, args.model, dtype=args.dtype, cores=args.cores, clip=args.clip))
 
 
 if __name__ == "__main__":

@@ -234,6 +234,18 @@ def command(
     return cmd
 
 
+def print_result(compute) -> int:
+    """A bench child's protocol: the JSON object ``compute()`` returns on stdout, exit 0; or an
+    FfaiError as one ``ffai: error: …`` line on stderr and its exit code."""
+    try:
+        result = compute()
+    except FfaiError as e:
+        print(f"ffai: error: {' '.join(str(e).split())}", file=sys.stderr, flush=True)
+        return e.exit_code
+    print(json.dumps(result, ensure_ascii=False), flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ffai.bench.arms", description=__doc__.splitlines()[0])
     parser.add_argument("arm", choices=ARMS)
@@ -245,8 +257,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--corpus", type=Path)
     parser.add_argument("--quality-n", type=int, default=cases.DEMO_N)
     args = parser.parse_args(argv)
-    try:
-        result = run(
+    return print_result(
+        lambda: run(
             args.arm,
             args.case,
             args.model,
@@ -256,11 +268,7 @@ def main(argv: list[str] | None = None) -> int:
             corpus=args.corpus,
             quality_n=args.quality_n,
         )
-    except FfaiError as e:
-        print(f"ffai: error: {' '.join(str(e).split())}", file=sys.stderr, flush=True)
-        return e.exit_code
-    print(json.dumps(result, ensure_ascii=False), flush=True)
-    return 0
+    )
 
 
 if __name__ == "__main__":
