@@ -576,9 +576,11 @@ class _ForkServer:
     def __init__(self) -> None:
         ours, theirs = socket.socketpair()
         code = f"from ffai.media import _serve_forks; _serve_forks({theirs.fileno()})"
-        # This process's import path, so the server finds the same ffai however it was started;
+        # The folder this ffai was imported from goes first on the server's import path, so it
+        # finds the same ffai however this process was started (a checkout without install too);
         # no stdout, which may be the track (-o -), for it or its children.
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        root = str(Path(__file__).resolve().parents[1])
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
         self.process = subprocess.Popen(
             [sys.executable, "-c", code],
             pass_fds=[theirs.fileno()],
