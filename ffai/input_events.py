@@ -11,7 +11,7 @@ cues in timeline order, each exactly once, then ``done`` or ``failed``; a probe 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Iterator, Literal, Protocol, Sequence
 
 from ffai.media import MediaInfo
 from ffai.tracks import Cue
@@ -30,3 +30,21 @@ class InputEvent:
     # died); a bad input is not transient and is never retried.
     transient: bool = False
     seconds: float | None = None  # with "done" / "failed": wall time spent on the input
+
+
+class Backend(Protocol):
+    """Where inputs are captioned: this machine (``ffai.jobs``' local backend) or a Ray cluster
+    (``ffai.ray_backend``). Built from the run's ``CaptionOptions`` after the cheap checks;
+    entering it starts what it needs (a pipeline, a Ray connection or local cluster) and
+    leaving it stops everything it started, also on Ctrl-C."""
+
+    notices: list[str]  # one-line warnings for the user (default model, slow dtype ...)
+
+    def __enter__(self) -> Backend: ...
+
+    def __exit__(self, *exc: object) -> None: ...
+
+    def run(self, inputs: Sequence[tuple[int, str]]) -> Iterator[InputEvent]:
+        """Caption ``(job index, source)`` pairs; events as described above. The driver may
+        call ``run`` again with inputs that failed transiently (its retries)."""
+        ...
