@@ -19,7 +19,7 @@ from ffai.engine import Answer, DecodingOptions, DescribeRequest, Engine, Runtim
 from ffai.errors import UsageError
 from ffai.pipeline import Coordinator, PipelineConfig, PipelineError, ProcessConfig, StageConfig
 from ffai.tracks import Cue
-from ffai.windows import check_window, make_windows
+from ffai.windows import Window, check_window, make_windows
 
 PLACEMENTS = ("auto", "inline", "workers")
 
@@ -179,9 +179,7 @@ class Captioner:
         if info.kind == "image":
             request = DescribeRequest((self.decoder.load_image(info.path),), self.options.decoding, split=True)
             answer = self._running().submit("still", request).result()
-            text = answer.text.strip()
-            cue = Cue(index=1, start_ms=0, end_ms=0, frame_times_ms=(0,), text=text, token_ids=answer.token_ids)
-            yield _emit(cue, progress)
+            yield _emit(answered_cue(still_cue_timing(), answer), progress)
             return
         yield from self._video_cues(info, progress)
 
@@ -198,15 +196,12 @@ class Captioner:
             )
             for window in windows:
                 timing[window.index] = Cue.from_window(window, "")
-                images = tuple(frame.image for frame in window.frames)
-                yield window.index, DescribeRequest(images, self.options.decoding, split=False)
+                yield window.index, window_request(window, self.options)
 
         for request_id, answer in self.answers(requests()):
             finished[request_id] = answer
             while next_index in finished:
-                answer = finished.pop(next_index)
-                text = answer.text.strip()
-                cue = dataclasses.replace(timing.pop(next_index), text=text, token_ids=answer.token_ids)
+                cue = answered_cue(timing.pop(next_index), finished.pop(next_index))
                 next_index += 1
                 yield _emit(cue, progress)
 
@@ -219,6 +214,21 @@ class Captioner:
             if progress.on_frame:
                 progress.on_frame(frame.time)
             yield frame
+
+
+def window_request(window: Window, options: CaptionOptions) -> DescribeRequest:
+    """What the engine is asked about one window of video frames (unsplit: one image each)."""
+    return DescribeRequest(tuple(frame.image for frame in window.frames), options.decoding, split=False)
+
+
+def still_cue_timing() -> Cue:
+    """A still's one cue, at 0, before its text is known."""
+    return Cue(index=1, start_ms=0, end_ms=0, frame_times_ms=(0,), text="")
+
+
+def answered_cue(timing: Cue, answer: Answer) -> Cue:
+    """The cue with the answer's text, surrounding whitespace stripped, and its tokens."""
+    return dataclasses.replace(timing, text=answer.text.strip(), token_ids=answer.token_ids)
 
 
 def _emit(cue: Cue, progress: Progress) -> Cue:
