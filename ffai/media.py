@@ -51,7 +51,7 @@ import threading
 import time
 import traceback
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from fractions import Fraction
@@ -152,6 +152,15 @@ def sample_frames(
     check_sampling(fps, start, duration, max_frames)
     file = _check_file(path)
     return _sample(file, fps, start, duration, max_frames)
+
+
+def frames_at(path: str | Path, times: Sequence[float], tolerance: float = 0.0) -> Iterator[Frame]:
+    """For each of ``times`` (seconds, ascending), the first frame of the video at `path` at or
+    after it, less ``tolerance`` (times stored rounded name a frame up to half a unit early);
+    one frame per time, fewer when the video ends first. Decoded lazily in one pass from the
+    first time on; only the frames given are converted to pictures."""
+    file = _check_file(path)
+    return _frames_at(file, tuple(times), tolerance)
 
 
 # ---------------------------------------------------------------------------- checks
@@ -542,6 +551,25 @@ def _sample(file: Path, fps: float, start: float, duration: float | None, max_fr
             n = math.floor(position) + 1  # deadlines this frame passed are used up
 
 
+def _frames_at(file: Path, times: tuple[float, ...], tolerance: float) -> Iterator[Frame]:
+    with _open_still(file) as image:
+        if image is not None:
+            raise MediaError(f"{file}: a still image, not a video")
+    if not times:
+        return
+    pending = iter(times)
+    target = next(pending)
+    with _open_video(file) as (container, stream):
+        for time, frame in _positioned(file, container, stream, max(0.0, times[0] - tolerance), _origin(stream)):
+            picture = None
+            while time >= target - tolerance - TIME_EPS:
+                picture = picture or Frame(time, _to_image(frame))
+                yield picture
+                target = next(pending, None)
+                if target is None:
+                    return
+
+
 # ---------------------------------------------------------------------------- isolation
 
 # Bounds on a decoder child (Decoder): each answer (a probe, an image, the next sample, the
@@ -686,6 +714,8 @@ def _child_main(conn, op: str, file: Path, args: tuple) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
     if op == "sample":
         answers = _sample(file, *args)
+    elif op == "frames_at":
+        answers = _frames_at(file, *args)
     else:  # one answer, computed when asked for
         answers = (function(file) for function in [{"probe": probe, "load_image": load_image}[op]])
     try:
@@ -825,14 +855,19 @@ class Decoder:
     ) -> Iterator[Frame]:
         """``sample_frames(...)``, decoded in a child one sample ahead of the caller."""
         check_sampling(fps, start, duration, max_frames)
-        return self._frames(_check_file(path), (fps, start, duration, max_frames))
+        return self._frames(_check_file(path), "sample", (fps, start, duration, max_frames), start)
 
-    def _frames(self, file: Path, args: tuple) -> Iterator[Frame]:
-        child = _Child(self, "sample", file, args)
+    def frames_at(self, path: str | Path, times: Sequence[float], tolerance: float = 0.0) -> Iterator[Frame]:
+        """``frames_at(...)``, decoded in a child one frame ahead of the caller."""
+        times = tuple(times)
+        return self._frames(_check_file(path), "frames_at", (times, tolerance), times[0] if times else 0.0)
+
+    def _frames(self, file: Path, op: str, args: tuple, start: float) -> Iterator[Frame]:
+        child = _Child(self, op, file, args)
         try:
             covered = 0.0
             while (frame := child.answer(covered)) is not None:
-                covered = max(covered, frame.time - args[1])
+                covered = max(covered, frame.time - start)
                 child.ask()
                 yield frame
         finally:
