@@ -23,6 +23,10 @@ Conventions:
   frames are RGB8 (swscale converts them).
 - A packet that fails to decode is skipped and counted, as ffmpeg does; the count is logged
   as a warning at the end. A file cut short therefore yields the frames before the cut.
+- Live sources (``is_live``: standard input ``-``, a named pipe or device, a URL FFmpeg opens
+  such as udp://, tcp://, http(s)://) are read as they arrive, without seeking: probing and
+  sampling share one open container in one decoder child. Their frame times are stream time
+  from the first decoded frame, kept continuous across timestamp jumps (``DISCONTINUITY_S``).
 - Hostile files: every failure is a one-line MediaError naming the file. ``probe``,
   ``load_image`` and ``sample_frames`` run in the calling process; ``Decoder`` runs the same
   three in a child process per file (the caption path uses it), so that a crash inside FFmpeg
@@ -36,22 +40,25 @@ ffai never encodes video for the user; ``video_encoder`` names the encoder its g
 from __future__ import annotations
 
 import atexit
+import itertools
 import logging
 import math
 import multiprocessing.connection
 import multiprocessing.reduction
 import os
 import pickle
+import re
 import resource
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import threading
 import time
 import traceback
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from fractions import Fraction
@@ -90,11 +97,12 @@ def video_encoder() -> str:
 
 @dataclass(frozen=True)
 class MediaInfo:
-    path: Path
+    path: Path | str  # a live source keeps the name it was given ("-", a URL)
     kind: str  # "image" or "video"
     width: int  # display size: after rotation / EXIF orientation
     height: int
-    duration: float | None  # seconds; None for images
+    duration: float | None  # seconds; None for images and live sources
+    live: bool = False  # read as it arrives (is_live): no end known, no seeking
 
 
 @dataclass(frozen=True)
@@ -104,6 +112,32 @@ class Frame:
 
 
 # ---------------------------------------------------------------------------- public API
+
+STDIN = "-"
+_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+
+
+def is_live(source: str | Path) -> bool:
+    """True for a source read as it arrives, whose end is not known in advance: standard input
+    (``-``), a URL (``udp://``, ``tcp://``, ``http://`` ... but not ``file://``), or a path to a
+    named pipe, a character device or a socket. A regular file is not live."""
+    name = str(source)
+    if name == STDIN:
+        return True
+    scheme = _URL.match(name)
+    if scheme:
+        return scheme.group(1).lower() != "file"
+    try:
+        mode = os.stat(name).st_mode
+    except OSError:
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISCHR(mode) or stat.S_ISSOCK(mode)
+
+
+def source_label(source: str | Path) -> str:
+    """How messages name a source: ``stdin`` for ``-``, else the name as given."""
+    return "stdin" if str(source) == STDIN else str(source)
+
 
 
 def probe(path: str | Path) -> MediaInfo:
@@ -535,20 +569,106 @@ def _sample(file: Path, fps: float, start: float, duration: float | None, max_fr
         if start <= TIME_EPS:
             yield Frame(0.0, load_image(file))
         return
+    with _open_video(file) as (container, stream):
+        yield from _pick(_positioned(file, container, stream, start, _origin(stream)), fps, start, duration, max_frames)
+
+
+def _pick(
+    frames: Iterator[tuple[float, av.VideoFrame]],
+    fps: float,
+    start: float,
+    duration: float | None,
+    max_frames: int | None,
+) -> Iterator[Frame]:
+    """The samples among timed frames in presentation order (the module docstring's rule)."""
     end = math.inf if duration is None else start + duration
     kept, n = 0, 0  # n: index of the next deadline start + n / fps
-    with _open_video(file) as (container, stream):
-        for time, frame in _positioned(file, container, stream, start, _origin(stream)):
-            if time >= end - TIME_EPS:
-                break
-            position = (time - start + TIME_EPS) * fps  # in sampling periods after start
-            if position < n:  # before start, or before the next deadline
-                continue
-            yield Frame(time, _to_image(frame))
-            kept += 1
-            if max_frames is not None and kept >= max_frames:
-                break
-            n = math.floor(position) + 1  # deadlines this frame passed are used up
+    for at, frame in frames:
+        if at >= end - TIME_EPS:
+            break
+        position = (at - start + TIME_EPS) * fps  # in sampling periods after start
+        if position < n:  # before start, or before the next deadline
+            continue
+        yield Frame(at, _to_image(frame))
+        kept += 1
+        if max_frames is not None and kept >= max_frames:
+            break
+        n = math.floor(position) + 1  # deadlines this frame passed are used up
+
+
+# ---------------------------------------------------------------------------- live sources
+
+# A step between consecutive frames' timestamps that goes backwards, or forwards by more than
+# this, is a discontinuity (a restarted sender, a wrapped clock), not elapsed time: the
+# timeline goes on one nominal frame period after the previous frame. ffmpeg's own threshold
+# for formats with discontinuous timestamps (-dts_delta_threshold) is the same 10 s.
+DISCONTINUITY_S = 10.0
+# A live decoder child tells the parent at most this often that video is still arriving, so a
+# source is not taken for stalled between two samples far apart (a low --fps).
+_TICK_S = 0.2
+
+
+def _continuous(frames: Iterator[tuple[float, av.VideoFrame]], step: float) -> Iterator[tuple[float, av.VideoFrame]]:
+    """(stream time from the first frame, frame): never backwards, never a jump past
+    DISCONTINUITY_S; between discontinuities the timestamps' own differences, unchanged."""
+    base: float | None = None  # the raw time that maps to 0.0, moved at each discontinuity
+    previous = 0.0
+    for raw, frame in frames:
+        if base is None:
+            base = raw
+        elif not 0.0 <= raw - previous <= DISCONTINUITY_S:
+            base = raw - (previous - base + step)
+        previous = raw
+        yield raw - base, frame
+
+
+def _ticking(frames: Iterator, conn) -> Iterator:
+    """Pass frames through, telling the parent now and then that video is arriving."""
+    last = time.monotonic()
+    for item in frames:
+        if time.monotonic() - last >= _TICK_S:
+            conn.send(("tick",))
+            last = time.monotonic()
+        yield item
+
+
+@contextmanager
+def _open_stream(source: str, fd: int | None) -> Iterator[tuple[av.container.InputContainer, av.video.stream.VideoStream]]:
+    """A live source opened for reading: standard input as the pipe `fd`, anything else by
+    name, through FFmpeg's protocols. Nothing here seeks."""
+    label = source_label(source)
+    url = f"pipe:{fd}" if fd is not None else source
+    # FFmpeg ends a udp:// read with an error when its receive buffer overruns (the model held
+    # decoding back, --no-drop); losing those packets instead is the documented cost.
+    options = {"overrun_nonfatal": "1"} if url.startswith("udp:") else {}
+    try:
+        container = av.open(url, metadata_errors="ignore", container_options=options)
+    except av.error.ProtocolNotFoundError as e:
+        scheme = _URL.match(source)
+        what = f"{scheme.group(1)}://" if scheme else "this kind of"
+        raise MediaError(f"{label}: this FFmpeg build cannot open {what} sources (protocol not found)") from e
+    except (av.FFmpegError, OSError) as e:
+        raise MediaError(f"{label}: cannot open the stream ({_reason(e)})") from e
+    try:
+        yield container, _video_stream(label, container)
+    finally:
+        container.close()
+
+
+def _live(conn, source: str, fd: int | None, settings: list) -> Iterator[MediaInfo | Frame]:
+    """A live decoder child's answers: the probe (from the first decoded frame), then the
+    samples, with the sampling arguments the parent has put in `settings` by then."""
+    label = source_label(source)
+    with _open_stream(source, fd) as (container, stream):
+        rate = stream.guessed_rate or stream.average_rate
+        step = float(1 / rate) if rate else 1 / 25
+        frames = _ticking(_continuous(_decode(label, container, stream, 0), step), conn)
+        first = next(frames, None)
+        if first is None:
+            raise MediaError(f"{label}: the stream ended before its first video frame")
+        width, height = _check_size(label, *_display_size(first[1]))
+        yield MediaInfo(source, "video", width, height, None, live=True)
+        yield from _pick(itertools.chain([first], frames), *settings)
 
 
 def _frames_at(file: Path, times: tuple[float, ...], tolerance: float) -> Iterator[Frame]:
@@ -584,6 +704,9 @@ REALTIME_FACTOR = 5.0
 # failure, a one-line error, rather than in a machine out of memory. The largest legal frame
 # (MAX_SIDE squared: 805 MB as RGB) and a few of its reference frames fit within it.
 MEMORY_LIMIT_BYTES = 8 << 30
+# A live source that delivers no video for this long (--stall-timeout) has stalled; the default
+# covers a sender's start-up and a network's hiccups, and is far below STEP_TIMEOUT_S.
+STALL_TIMEOUT_S = 10.0
 # Test-only: "crash:NAME" or "hang:NAME" makes the child decoding the file named NAME die of
 # SIGSEGV, or stop answering, as a decoder crash or hang would (probing it is left alone).
 FAULT_ENV = "FFAI_TEST_DECODER_FAULT"
@@ -622,12 +745,13 @@ class _ForkServer:
         self.lock = threading.Lock()
         self.owner = os.getpid()
 
-    def fork(self, request: tuple) -> tuple[int, multiprocessing.connection.Connection]:
-        """A new child running `request` (op, file, args): its pid and our end of its pipe."""
+    def fork(self, request: tuple, fds: tuple[int, ...] = ()) -> tuple[int, multiprocessing.connection.Connection]:
+        """A new child running `request` (op, file, args) and holding copies of `fds` (our
+        standard input, for a source read from it): its pid and our end of its pipe."""
         ours, theirs = socket.socketpair()
         with self.lock, theirs:
-            self.control.send(("fork", request))
-            multiprocessing.reduction.sendfds(self.socket, [theirs.fileno()])
+            self.control.send(("fork", (request, len(fds))))
+            multiprocessing.reduction.sendfds(self.socket, [theirs.fileno(), *fds])
             pid = self.control.recv()
         return pid, multiprocessing.connection.Connection(ours.detach())
 
@@ -644,6 +768,9 @@ class _ForkServer:
 
 
 _fork_server: _ForkServer | None = None
+# Live sources probed and not yet sampled: their decoder children, by source name.
+_live_children: dict[str, _Child] = {}
+_live_lock = threading.Lock()
 _fork_server_lock = threading.Lock()
 
 
@@ -671,16 +798,18 @@ def _serve_forks(fd: int) -> None:
         if kind == "reap":
             control.send(os.waitpid(payload, 0)[1])
             continue
-        (child_fd,) = multiprocessing.reduction.recvfds(sock, 1)
+        request, extra = payload
+        child_fd, *passed = multiprocessing.reduction.recvfds(sock, 1 + extra)
         pid = os.fork()
         if pid == 0:
             sock.close()
             control.close()
             try:
-                _child_main(multiprocessing.connection.Connection(child_fd), *payload)
+                _child_main(multiprocessing.connection.Connection(child_fd), *request, tuple(passed))
             finally:
                 os._exit(0)
-        os.close(child_fd)
+        for fd_ in (child_fd, *passed):
+            os.close(fd_)
         control.send(pid)
 
 
@@ -693,9 +822,10 @@ class _LogToParent(logging.Handler):
         self.conn.send(("log", record.levelno, record.getMessage()))
 
 
-def _child_main(conn, op: str, file: Path, args: tuple) -> None:
+def _child_main(conn, op: str, file: Path | str, args: tuple, fds: tuple[int, ...] = ()) -> None:
     """A decoder child's life: run `op` and send its answers, one for each "next" asked,
-    until it is exhausted, fails, or the parent hangs up."""
+    until it is exhausted, fails, or the parent hangs up. Each answer carries the seconds the
+    child spent on it, so time the parent spent elsewhere does not count against the file."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     # libtiff and FFmpeg print damage reports straight to fd 2; the parent reports in one line.
     devnull = os.open(os.devnull, os.O_WRONLY)
@@ -709,20 +839,31 @@ def _child_main(conn, op: str, file: Path, args: tuple) -> None:
     warnings.showwarning = show
     # The fault stand-in strikes while decoding (sampling or loading), after probing succeeded.
     fault = os.environ.get(FAULT_ENV, "") if op != "probe" else ""
+    name = Path(str(file)).name
     _, hard = resource.getrlimit(resource.RLIMIT_AS)
     limit = MEMORY_LIMIT_BYTES if hard == resource.RLIM_INFINITY else min(hard, MEMORY_LIMIT_BYTES)
     resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+    settings: list = []  # a live source's sampling arguments, sent after its probe
     if op == "sample":
         answers = _sample(file, *args)
     elif op == "frames_at":
         answers = _frames_at(file, *args)
+    elif op == "live":
+        answers = _live(conn, file, fds[0] if fds else None, settings)
     else:  # one answer, computed when asked for
         answers = (function(file) for function in [{"probe": probe, "load_image": load_image}[op]])
     try:
-        while conn.recv() == "next":
-            if fault == f"crash:{file.name}":
+        while True:
+            message = conn.recv()
+            if isinstance(message, tuple) and message[0] == "settings":
+                settings[:] = message[1]
+                continue
+            if message != "next":
+                return
+            started = time.monotonic()
+            if fault == f"crash:{name}":
                 os.kill(os.getpid(), signal.SIGSEGV)
-            if fault == f"hang:{file.name}":
+            if fault == f"hang:{name}":
                 time.sleep(3600)
             try:
                 answer = next(answers)
@@ -732,7 +873,7 @@ def _child_main(conn, op: str, file: Path, args: tuple) -> None:
             except BaseException as e:
                 conn.send(("raise", _portable(e), traceback.format_exc()))
                 return
-            conn.send(("answer", answer))
+            conn.send(("answer", answer, time.monotonic() - started))
     except (EOFError, BrokenPipeError):  # the parent is done with this file
         return
 
@@ -749,15 +890,19 @@ def _portable(error: BaseException) -> BaseException:
 class _Child:
     """The parent's end of one decoder child: asks for answers and enforces the time bounds."""
 
-    def __init__(self, decoder: Decoder, op: str, file: Path, args: tuple = ()) -> None:
-        self.decoder, self.file = decoder, file
+    def __init__(self, decoder: Decoder, op: str, file: Path | str, args: tuple = (), fds: tuple[int, ...] = ()) -> None:
+        self.decoder, self.file = decoder, source_label(file)
+        self.live = op == "live"
+        # A live source has no answer to wait for but the next video: silence is a stall.
+        self.step_timeout = decoder.stall_timeout if self.live else decoder.step_timeout
         self.server = _server()
         try:
-            self.pid, self.conn = self.server.fork((op, file, args))
+            self.pid, self.conn = self.server.fork((op, file, args), fds)
         except (EOFError, OSError) as e:  # the server is gone: no file can be read
-            raise FfaiError(f"cannot start a decoder process for {file} (its fork server exited: {e})") from e
-        self.started = time.monotonic()
+            raise FfaiError(f"cannot start a decoder process for {self.file} (its fork server exited: {e})") from e
+        self.busy = 0.0  # seconds the child spent on the answers so far
         self.asked: float | None = None
+        self.heard = 0.0  # when the child last said video is arriving (live sources)
         self.status: int | None = None
 
     def ask(self) -> None:
@@ -768,18 +913,19 @@ class _Child:
 
     def answer(self, media_time: float = 0.0):
         """The next answer, or None once the child is exhausted. `media_time` is how far into
-        the file the answers have come (it extends the file's time budget)."""
+        the file the answers have come (it extends the file's time budget, which counts the
+        child's working time: a caller that is slow to ask again, as a model is, costs nothing)."""
         try:
             self.ask()
         except OSError:  # it died before it was asked
             raise MediaError(f"{self.file}: the decoder crashed ({self._death()})") from None
-        file_deadline = self.started + self.decoder.file_timeout + self.decoder.realtime_factor * media_time
-        deadline = min(self.asked + self.decoder.step_timeout, file_deadline)
+        budget = self.decoder.file_timeout + self.decoder.realtime_factor * media_time - self.busy
+        file_deadline = self.asked + budget
         while True:
+            deadline = min(max(self.asked, self.heard) + self.step_timeout, file_deadline)
             if not self.conn.poll(max(0.0, deadline - time.monotonic())):
                 self.close()
-                limit = f"{self.decoder.step_timeout:g} s" if deadline < file_deadline else "the file's time budget"
-                raise MediaError(f"{self.file}: decoding stopped: the decoder gave no answer within {limit}")
+                raise MediaError(self._timeout_message(deadline < file_deadline))
             try:
                 kind, *rest = self.conn.recv()
             except (EOFError, OSError):
@@ -787,8 +933,12 @@ class _Child:
             if kind == "log":
                 log.log(rest[0], "%s", rest[1])
                 continue
+            if kind == "tick":
+                self.heard = time.monotonic()
+                continue
             self.asked = None
             if kind == "answer":
+                self.busy += rest[1]
                 return rest[0]
             if kind == "done":
                 return None
@@ -796,6 +946,12 @@ class _Child:
             if isinstance(error, FfaiError):
                 raise error
             raise error from _ChildTraceback(child_traceback)
+
+    def _timeout_message(self, step: bool) -> str:
+        if step and self.live:
+            return f"{self.file}: the source stalled: no video for {self.step_timeout:g} s (--stall-timeout)"
+        limit = f"{self.step_timeout:g} s" if step else "the file's time budget"
+        return f"{self.file}: decoding stopped: the decoder gave no answer within {limit}"
 
     def _death(self) -> str:
         self.close()
@@ -829,6 +985,7 @@ class Decoder:
     step_timeout: float = STEP_TIMEOUT_S
     file_timeout: float = FILE_TIMEOUT_S
     realtime_factor: float = REALTIME_FACTOR
+    stall_timeout: float = STALL_TIMEOUT_S  # a live source that delivers no video this long has stalled
 
     def _one(self, op: str, path: str | Path):
         child = _Child(self, op, _check_file(path))
@@ -838,8 +995,27 @@ class Decoder:
             child.close()
 
     def probe(self, path: str | Path) -> MediaInfo:
-        """``probe(path)``, in a child."""
+        """``probe(path)``, in a child. A live source (``is_live``) is opened and read up to its
+        first frame; its child stays open for the ``sample_frames`` that follows (a stream
+        cannot be read twice), until another probe of the same source replaces it."""
+        if is_live(path):
+            return self._open_live(str(path)).info
         return self._one("probe", path)
+
+    def _open_live(self, source: str) -> _Child:
+        if source == STDIN and sys.stdin is not None and sys.stdin.isatty():
+            raise MediaError("stdin: is a terminal; pipe a stream into ffai (… | ffai caption -i -)")
+        child = _Child(self, "live", source, fds=(0,) if source == STDIN else ())
+        try:
+            child.info = child.answer()
+        except BaseException:
+            child.close()
+            raise
+        with _live_lock:
+            previous, _live_children[source] = _live_children.get(source), child
+        if previous is not None:
+            previous.close()
+        return child
 
     def load_image(self, path: str | Path) -> Image.Image:
         """``load_image(path)``, in a child."""
@@ -855,15 +1031,35 @@ class Decoder:
     ) -> Iterator[Frame]:
         """``sample_frames(...)``, decoded in a child one sample ahead of the caller."""
         check_sampling(fps, start, duration, max_frames)
-        return self._frames(_check_file(path), "sample", (fps, start, duration, max_frames), start)
+        args = (fps, start, duration, max_frames)
+        if is_live(path):
+            return self._frames(lambda: self._live_child(str(path), args), start)
+        file = _check_file(path)
+        return self._frames(lambda: _Child(self, "sample", file, args), start)
+
+    def _live_child(self, source: str, args: tuple) -> _Child:
+        """The child a probe left open for `source`, else a new one (its probe answer unused),
+        told how to sample."""
+        with _live_lock:
+            child = _live_children.pop(source, None)
+        if child is None:
+            self._open_live(source)
+            with _live_lock:
+                child = _live_children.pop(source)
+        try:
+            child.conn.send(("settings", args))
+        except OSError:
+            raise MediaError(f"{child.file}: the decoder crashed ({child._death()})") from None
+        return child
 
     def frames_at(self, path: str | Path, times: Sequence[float], tolerance: float = 0.0) -> Iterator[Frame]:
         """``frames_at(...)``, decoded in a child one frame ahead of the caller."""
         times = tuple(times)
-        return self._frames(_check_file(path), "frames_at", (times, tolerance), times[0] if times else 0.0)
+        file = _check_file(path)
+        return self._frames(lambda: _Child(self, "frames_at", file, (times, tolerance)), times[0] if times else 0.0)
 
-    def _frames(self, file: Path, op: str, args: tuple, start: float) -> Iterator[Frame]:
-        child = _Child(self, op, file, args)
+    def _frames(self, start_child: Callable[[], _Child], start: float) -> Iterator[Frame]:
+        child = start_child()
         try:
             covered = 0.0
             while (frame := child.answer(covered)) is not None:
