@@ -109,6 +109,31 @@ def pipeline_config(
     return PipelineConfig(stages=tuple(configs), processes=placed)
 
 
+@dataclass(frozen=True)
+class ResolvedModel:
+    """The engine and model folder a run uses; resolving them loads no weights."""
+
+    engine: Engine
+    name: str  # as given, or the default model's name
+    folder: Path
+    notices: tuple[str, ...]  # one-line warnings for the user (a fallback model, a slow dtype)
+
+
+def resolve_model(options: CaptionOptions) -> ResolvedModel:
+    """Which engine and model folder ``options`` name (a cheap check: nothing loads)."""
+    engine = registry.get_engine(options.engine)
+    notices = []
+    if options.model:
+        name = options.model
+    else:
+        name, notice = models.default_model(engine.info.name, engine.info.default_model)
+        notices += [notice] if notice else []
+    if options.runtime.device != "cuda":
+        slow = cpu.host().slow_dtype_warning(options.runtime.dtype)
+        notices += [slow] if slow else []
+    return ResolvedModel(engine, name, models.resolve(name), tuple(notices))
+
+
 class Captioner:
     """A resolved engine and model folder, and the pipeline that runs it.
 
@@ -125,26 +150,24 @@ class Captioner:
         self.options = options
         self.cores = cores or available_cores()
         self.placement = placement(options.placement, cores=self.cores, video=video)
-        self.engine: Engine = registry.get_engine(options.engine)
-        self.notices: list[str] = []  # one-line warnings for the user, before any weight loads
-        if options.model:
-            self.model_name = options.model
-        else:
-            self.model_name, notice = models.default_model(self.engine.info.name, self.engine.info.default_model)
-            self.notices += [notice] if notice else []
-        if options.runtime.device != "cuda":
-            slow = cpu.host().slow_dtype_warning(options.runtime.dtype)
-            self.notices += [slow] if slow else []
-        self.model_dir: Path = models.resolve(self.model_name)
+        resolved = resolve_model(options)
+        self.engine: Engine = resolved.engine
+        self.notices: list[str] = list(resolved.notices)  # one-line warnings for the user, before any weight loads
+        self.model_name = resolved.name
+        self.model_dir: Path = resolved.folder
         self.engine.check_window(self.model_dir, options.window, options.decoding, split=False)
         self.config = pipeline_config(self.engine.stages(), self.model_dir, options.runtime, self.cores)
         # Each input is read in a child process of its own: a decoder crash fails that input alone.
         self.decoder = media.Decoder()
         self._pipe: Coordinator | None = None
 
-    def start(self) -> "Captioner":
-        """Start the pipeline (its stages load the weights); a no-op while it runs."""
+    def start(self, *, video: bool | None = None) -> "Captioner":
+        """Start the pipeline (its stages load the weights); a no-op while it runs. ``video``
+        re-plans the placement for a run whose kind of input is known only now (a corpus
+        whose first input was just probed)."""
         if self._pipe is None:
+            if video is not None:
+                self.placement = placement(self.options.placement, cores=self.cores, video=video)
             pipe = Coordinator(self.config, placement=self.placement, max_in_flight=self.options.max_in_flight)
             self._pipe = pipe.start()
         return self
