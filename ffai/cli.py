@@ -74,6 +74,12 @@ def warn(message: str) -> None:
         print(f"ffai: warning: {message}", file=sys.stderr, flush=True)
 
 
+def note(message: str) -> None:
+    """A line of a run's summary (not a warning, not an error)."""
+    if not _State.quiet:
+        print(f"ffai: {message}", file=sys.stderr, flush=True)
+
+
 def error(message: str) -> None:
     print(f"ffai: error: {' '.join(message.split())}", file=sys.stderr, flush=True)
 
@@ -205,11 +211,16 @@ def models_verify(name: ModelName) -> None:
 
 @app.command()
 def caption(
-    inputs: Annotated[List[str], typer.Option("-i", "--input", help="Image or video (repeatable).")],
+    inputs: Annotated[
+        List[str],
+        typer.Option(
+            "-i", "--input", help="Image or video, folder, quoted glob or @list.txt (repeatable; see README)."
+        ),
+    ],
     output: Annotated[
         Optional[str],
         typer.Option(
-            "-o", "--output", help="Track file, '-' for stdout; with several inputs a pattern such as '{stem}.srt'."
+            "-o", "--output", help="Track file, '-' for stdout; with several inputs a pattern such as '{stem}.srt' or 'out/{reldir}/{stem}.srt'."
         ),
     ] = None,
     fmt: Annotated[
@@ -252,6 +263,16 @@ def caption(
     never_overwrite: Annotated[
         bool, typer.Option("-n", help="Never overwrite existing outputs (the default).")
     ] = False,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Skip inputs the run record says are done; redo unfinished ones.")
+    ] = False,
+    run_log: Annotated[
+        Optional[str],
+        typer.Option("--run-log", help="Run record (JSON Lines; default: ffai-run.jsonl beside the outputs)."),
+    ] = None,
+    retries: Annotated[
+        int, typer.Option("--retries", help="Tries again an input whose worker died, this many times.")
+    ] = 2,
     progress: Annotated[
         Optional[bool],
         typer.Option("--progress/--no-progress", help="Progress bar on stderr (default: when stderr is a terminal)."),
@@ -298,6 +319,10 @@ def caption(
         progress=show_progress and not _State.quiet,
         warn=warn,
         error=error,
+        note=note,
+        resume=resume,
+        run_log=run_log,
+        retries=retries,
     )
     if failed:
         raise typer.Exit(1)

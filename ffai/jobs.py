@@ -1,20 +1,34 @@
-"""``ffai caption`` over several inputs: name each output, check every cheap thing first,
-then caption each input into its own track. A failed input is reported and the others go on.
+"""``ffai caption`` over one input or a corpus: expand the inputs, name each output, check every
+cheap thing first, then hand the inputs to a backend and be the one writer of their outputs
+and of the run record.
+
+A backend (``ffai.input_events.Backend``: ``LocalBackend`` here, on this machine, or
+``ffai.ray_backend``'s on a cluster) turns inputs into events; this module opens, writes,
+finishes or aborts every output, retries inputs whose worker died (``--retries``), skips what
+an earlier run finished (``--resume``) and reports a failed input without stopping the others.
 """
 
 from __future__ import annotations
 
+import os
+import time
+from collections import defaultdict
 from contextlib import nullcontext
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Iterator, Sequence
 
-from ffai import media
-from ffai.captioning import Captioner, CaptionOptions, Progress
-from ffai.errors import FfaiError, UsageError
-from ffai.tracks import TrackHeader, check_output, open_track, resolve_format
+from ffai import inputs as input_specs
+from ffai import runlog
+from ffai.captioning import Captioner, CaptionOptions, ResolvedModel, resolve_model
+from ffai.errors import FfaiError, OutputError, UsageError
+from ffai.input_events import Backend, InputEvent
+from ffai.media import MediaInfo
+from ffai.pipeline import WorkerDied
+from ffai.tracks import TrackHeader, TrackWriter, check_output, open_track, resolve_format
 
-PATTERN_FIELDS = ("{stem}", "{name}", "{parent}")
+PATTERN_FIELDS = ("{stem}", "{name}", "{parent}", "{reldir}")
+MIRROR_FIELD = "{reldir}"
+DEFAULT_RETRIES = 2
 
 
 @dataclass
@@ -22,29 +36,63 @@ class Job:
     source: str
     output: str | None  # None or "-": stdout
     fmt: str
+    # The output may be replaced: -y, or a file this run (or an unfinished earlier run) wrote.
+    overwrite: bool = False
+
+    @property
+    def to_file(self) -> bool:
+        return self.output not in (None, "-")
 
 
-def plan_jobs(inputs: Sequence[str], output: str | None, fmt: str | None) -> list[Job]:
+def plan_jobs(inputs: Sequence[input_specs.Input], output: str | None, fmt: str | None) -> list[Job]:
     """One job per input; outputs named from ``-o`` (a pattern when several inputs)."""
-    if len(set(inputs)) != len(inputs):
-        raise UsageError("the same input is given twice")
     is_pattern = output is not None and any(f in output for f in PATTERN_FIELDS)
     several = len(inputs) > 1
     if several and output not in (None, "-") and not is_pattern:
         raise UsageError("several inputs need -o with a pattern such as '{stem}.srt' (or -o - for stdout)")
     jobs = []
-    for source in inputs:
+    for item in inputs:
         target = output
         if is_pattern:
-            p = Path(source)
-            target = output.format(stem=p.stem, name=p.name, parent=str(p.parent))
+            target = _fill(output, item)
         elif output is None and fmt is not None and several:
-            target = str(Path(source).with_suffix("." + fmt))
-        jobs.append(Job(source, target, resolve_format(target, fmt)))
-    targets = [j.output for j in jobs if j.output not in (None, "-")]
-    if len(set(targets)) != len(targets):
-        raise UsageError("two inputs would write the same output; use {name} or {parent} in the -o pattern")
+            target = os.path.splitext(item.source)[0] + "." + fmt
+        jobs.append(Job(item.source, target, resolve_format(target, fmt)))
+    writers: dict[str, str] = {}
+    for job in jobs:
+        if not job.to_file:
+            continue
+        other = writers.setdefault(os.path.abspath(job.output), job.source)
+        if other != job.source:
+            raise UsageError(
+                f"{other} and {job.source} would both write {job.output}; "
+                "use {reldir}, {name} or {parent} in the -o pattern"
+            )
     return jobs
+
+
+def _fill(pattern: str, item: input_specs.Input) -> str:
+    p = os.path.normpath(item.source) if not input_specs.is_stream(item.source) else item.source
+    stem, _ = os.path.splitext(os.path.basename(p))
+    try:
+        filled = pattern.format(
+            stem=stem, name=os.path.basename(p), parent=os.path.dirname(p), reldir=input_specs.reldir(item)
+        )
+    except (KeyError, IndexError, ValueError) as e:
+        fields = ", ".join(PATTERN_FIELDS)
+        raise UsageError(f"-o {pattern!r}: not a pattern ffai can fill ({fields}): {e}") from None
+    return os.path.normpath(filled)
+
+
+@dataclass
+class RunSummary:
+    done: int = 0
+    skipped: int = 0
+    failed: list[tuple[str, str]] = field(default_factory=list)  # (input, one-line reason)
+
+    def lines(self) -> list[str]:
+        counts = f"{self.done} done, {self.skipped} skipped, {len(self.failed)} failed"
+        return [counts] + [f"failed: {reason}" for _, reason in self.failed]
 
 
 def run_caption_jobs(
@@ -57,84 +105,350 @@ def run_caption_jobs(
     progress: bool,
     warn: Callable[[str], None],
     error: Callable[[str], None],
+    note: Callable[[str], None] | None = None,
+    resume: bool = False,
+    run_log: str | None = None,
+    retries: int = DEFAULT_RETRIES,
+    backend: Backend | None = None,
 ) -> int:
     """Caption every input; return how many failed. Raises only for errors that stop the
-    whole run (bad flags, an unknown engine or model, a pipeline that cannot start) — before
-    any input is decoded."""
-    jobs = plan_jobs(inputs, output, fmt)
-    for job in jobs:
-        check_output(job.output, overwrite)
-    failed = 0
-
-    def fail(e: FfaiError) -> None:
-        nonlocal failed
-        if len(jobs) == 1:
-            raise e
-        failed += 1
-        error(str(e))
-
-    probed = []
-    decoder = media.Decoder()  # each input probed in a child process: a decoder crash fails that input alone
-    for job in jobs:
-        try:
-            probed.append((job, decoder.probe(job.source)))
-        except FfaiError as e:
-            fail(e)
-    if not probed:
-        return failed
-    with Captioner(options, video=any(info.kind == "video" for _, info in probed)) as captioner:
-        for notice in captioner.notices:
+    whole run (bad flags, an unknown engine or model, outputs that may not be written, a
+    pipeline that cannot start) — before any input is decoded. With several inputs, ``note``
+    gets the summary lines at the end."""
+    if retries < 0:
+        raise UsageError("--retries must be 0 or more")
+    jobs = plan_jobs(input_specs.expand(inputs), output, fmt)
+    model = resolve_model(options)
+    record_path = _record_path(jobs, output, run_log, resume)
+    log = None
+    skip: set[int] = set()
+    if record_path is not None:
+        fmts = sorted({job.fmt for job in jobs})
+        log = runlog.RunLog(record_path, runlog.settings(options, model, fmts[0] if len(fmts) == 1 else fmts))
+    if resume:
+        skip = _resume(jobs, runlog.read(record_path), log, overwrite)
+    else:
+        for job in jobs:
+            job.overwrite = overwrite
+    for i, job in enumerate(jobs):
+        if job.to_file and output is not None and MIRROR_FIELD in output:
+            _make_folder(job.output)
+        if not (job.overwrite or i in skip):
+            check_output(job.output, False)
+    driver = _Driver(jobs, options, model, log, warn=warn, error=error, retries=retries)
+    with log if log is not None else nullcontext(), backend or LocalBackend(options) as active:
+        for notice in active.notices:
             warn(notice)
-        for job, info in probed:
-            try:
-                _run_one(captioner, job, info, options, overwrite=overwrite, progress=progress, warn=warn)
-            except FfaiError as e:
-                fail(e)
-    return failed
+        with _progress(progress, len(jobs), options) as bar:
+            driver.progress = bar
+            driver.run(active, skip)
+    if len(jobs) > 1 and note is not None:
+        for line in driver.summary.lines():
+            note(line)
+    return len(driver.summary.failed)
 
 
-def _run_one(
-    captioner: Captioner,
-    job: Job,
-    info: media.MediaInfo,
-    options: CaptionOptions,
-    *,
-    overwrite: bool,
-    progress: bool,
-    warn,
-) -> None:
-    d = options.decoding
-    header = TrackHeader(
-        source_path=str(info.path),
-        duration=info.duration,
-        width=info.width,
-        height=info.height,
-        engine=captioner.engine.info.name,
-        model=captioner.model_name,
-        fps=options.fps if info.kind == "video" else None,
-        window=options.window if info.kind == "video" else None,
-        prompt=d.prompt,
-        max_new_tokens=d.max_new_tokens,
-        seed=d.seed,
-    )
-    writer = open_track(job.output, job.fmt, header, overwrite=overwrite)
-    cues = 0
+def _record_path(jobs: list[Job], output: str | None, run_log: str | None, resume: bool) -> str | None:
+    """Where the run record goes: ``--run-log``, else beside the outputs when the run has
+    several inputs or resumes (``ffai-run.jsonl`` in the folder the -o pattern starts in)."""
+    if run_log is not None:
+        return run_log
+    if not all(job.to_file for job in jobs):
+        if resume:
+            raise UsageError("--resume needs outputs in files (-o with a pattern such as '{stem}.srt')")
+        return None
+    if len(jobs) == 1 and not resume:
+        return None
+    fixed = (output or "").split("{", 1)[0]
+    return os.path.join(os.path.dirname(fixed), runlog.DEFAULT_NAME)
+
+
+def _resume(
+    jobs: list[Job], previous: dict[tuple[str, str], runlog.Previous], log: runlog.RunLog, overwrite: bool
+) -> set[int]:
+    """Which jobs an earlier run finished with the same fingerprint (skipped), and which outputs
+    it left unfinished (replaced without -y). An output finished under other settings, or
+    from an input that changed since, is replaced with -y and refused without."""
+    skip = set()
+    for i, job in enumerate(jobs):
+        job.overwrite = overwrite
+        before = previous.get(runlog.key(job.source, job.output))
+        if before is None:
+            continue
+        exists = os.path.lexists(job.output)
+        if before.status not in ("done", "skipped"):
+            job.overwrite = True  # half-written or failed: ours to redo
+            continue
+        if not exists:
+            continue
+        changed = _changes(before, job, log)
+        if not changed:
+            skip.add(i)
+        elif not overwrite:
+            raise OutputError(
+                f"{job.output}: written with other settings ({', '.join(changed)} changed); "
+                "use -y to redo it, or another -o"
+            )
+    return skip
+
+
+def _changes(before: runlog.Previous, job: Job, log: runlog.RunLog) -> list[str]:
+    changed = []
+    if before.fingerprint != log.fingerprint:
+        changed += runlog.changed_settings(before.settings, log.settings)
+    if (before.size, before.mtime) != runlog.file_identity(job.source):
+        changed.append("the input file")
+    return changed
+
+
+def _make_folder(output: str) -> None:
+    folder = os.path.dirname(os.path.abspath(output))
     try:
-        with _progress_bar(progress, info, options) as hooks:
-            for cue in captioner.captions(info, hooks):
-                writer.write(cue)
-                cues += 1
-    except BaseException:
-        writer.abort()
-        raise
-    writer.close()
-    if cues == 0:
-        warn(f"{job.source}: no frames decoded; the track is empty")
+        os.makedirs(folder, exist_ok=True)
+    except OSError as e:
+        raise OutputError(f"{output}: cannot create {folder} ({e.strerror or e})") from e
 
 
-def _progress_bar(enabled: bool, info: media.MediaInfo, options: CaptionOptions):
-    if not enabled or info.kind != "video":
-        return nullcontext(Progress())
-    from ffai.progress import CaptionProgress
+def _progress(enabled: bool, total: int, options: CaptionOptions):
+    if not enabled:
+        return nullcontext(None)
+    from ffai.progress import RunProgress
 
-    return CaptionProgress(info, options)
+    return RunProgress(total, options)
+
+
+TERMINAL = ("done", "failed")
+
+
+class _Driver:
+    """Writes the events of one run: outputs, run record, progress, retries, summary."""
+
+    def __init__(
+        self,
+        jobs: list[Job],
+        options: CaptionOptions,
+        model: ResolvedModel,
+        log: runlog.RunLog | None,
+        *,
+        warn: Callable[[str], None],
+        error: Callable[[str], None],
+        retries: int,
+    ) -> None:
+        self.jobs = jobs
+        self.options = options
+        self.model = model
+        self.log = log
+        self.warn = warn
+        self.error = error
+        self.retries = retries
+        self.progress = None
+        self.summary = RunSummary()
+        self.attempts: dict[int, int] = defaultdict(int)
+        self.writers: dict[int, TrackWriter] = {}
+        self.cues: dict[int, int] = defaultdict(int)
+        self.broken: dict[int, FfaiError] = {}  # jobs whose output failed in this process
+
+    def run(self, backend: Backend, skip: set[int]) -> None:
+        for i in sorted(skip):
+            self.summary.skipped += 1
+            self._record(i, "skipped")
+            self._progress("finished")
+        pending = [i for i in range(len(self.jobs)) if i not in skip]
+        try:
+            while pending:
+                for i in pending:
+                    self.attempts[i] += 1
+                events = backend.run([(i, self.jobs[i].source) for i in pending])
+                if not all(self.jobs[i].to_file for i in pending):
+                    events = _in_job_order(events, pending)
+                retry = []
+                for event in events:
+                    if self._handle(event):
+                        retry.append(event.job)
+                pending = sorted(retry)
+        except BaseException as e:
+            self._stop_all(e)
+            raise
+
+    def _handle(self, event: InputEvent) -> bool:
+        """Act on one event; True when the input is to be tried again."""
+        i = event.job
+        if event.kind == "start":
+            self._start(i, event.info)
+        elif event.kind == "cue":
+            self._cue(i, event)
+        elif event.kind == "done":
+            return self._end(i, event, None)
+        elif event.kind == "failed":
+            return self._end(i, event, event.error or "failed")
+        return False
+
+    def _start(self, i: int, info: MediaInfo) -> None:
+        job = self.jobs[i]
+        self.cues[i] = 0
+        self.broken.pop(i, None)
+        self._record(i, "running", attempts=self.attempts[i])
+        self._progress("started", info)
+        try:
+            self.writers[i] = open_track(job.output, job.fmt, self._header(info), overwrite=job.overwrite)
+        except FfaiError as e:
+            self.broken[i] = e
+
+    def _cue(self, i: int, event: InputEvent) -> None:
+        writer = self.writers.get(i)
+        if writer is None:  # its output failed: the rest of its cues have nowhere to go
+            return
+        try:
+            writer.write(event.cue)
+        except FfaiError as e:
+            self._abort(i)
+            self.broken[i] = e
+            return
+        self.cues[i] += 1
+        self.jobs[i].overwrite = True  # the file is now this run's: a retry replaces it
+        self._progress("cue")
+
+    def _end(self, i: int, event: InputEvent, reason: str | None) -> bool:
+        job = self.jobs[i]
+        broken = self.broken.pop(i, None)
+        if reason is None and broken is None:
+            try:
+                self.writers.pop(i).close()
+            except FfaiError as e:
+                broken = e
+            else:
+                if self.cues[i] == 0:
+                    self.warn(f"{job.source}: no frames decoded; the track is empty")
+                self.summary.done += 1
+                self._record(i, "done", attempts=self.attempts[i], seconds=event.seconds, cues=self.cues[i])
+                self._progress("finished")
+                return False
+        self._abort(i)
+        if broken is not None:
+            reason, transient = str(broken), False
+        else:
+            transient = event.transient
+        retry = transient and self.attempts[i] <= self.retries
+        reason = reason if job.source in reason else f"{job.source}: {reason}"
+        self._record(
+            i,
+            "failed",
+            attempts=self.attempts[i],
+            seconds=event.seconds,
+            cues=self.cues[i],
+            error=reason,
+            transient=transient,
+            retry=retry,
+        )
+        if retry:
+            self.warn(f"{reason}; trying again ({self.attempts[i]} of {self.retries + 1} attempts made)")
+            return True
+        if len(self.jobs) == 1:
+            raise broken if broken is not None else FfaiError(reason)
+        self.error(reason)
+        self.summary.failed.append((job.source, reason))
+        self._progress("finished", failed=True)
+        return False
+
+    def _abort(self, i: int) -> None:
+        writer = self.writers.pop(i, None)
+        if writer is not None:
+            writer.abort()  # finished cues stay, in a valid file
+
+    def _stop_all(self, exc: BaseException) -> None:
+        """The run stops (Ctrl-C, or an error that ends it): every open output keeps its
+        finished cues, and the record says which inputs were left unfinished."""
+        status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+        for i in list(self.writers):
+            try:
+                self._abort(i)
+            finally:
+                extra = {} if status == "interrupted" else {"error": " ".join(str(exc).split())}
+                self._record(i, status, attempts=self.attempts[i], cues=self.cues[i], **extra)
+
+    def _header(self, info: MediaInfo) -> TrackHeader:
+        o, d = self.options, self.options.decoding
+        video = info.kind == "video"
+        return TrackHeader(
+            source_path=str(info.path),
+            duration=info.duration,
+            width=info.width,
+            height=info.height,
+            engine=self.model.engine.info.name,
+            model=self.model.name,
+            fps=o.fps if video else None,
+            window=o.window if video else None,
+            prompt=d.prompt,
+            max_new_tokens=d.max_new_tokens,
+            seed=d.seed,
+        )
+
+    def _record(self, i: int, status: str, **fields) -> None:
+        if self.log is not None:
+            job = self.jobs[i]
+            self.log.input(job.source, job.output, status, **fields)
+
+    def _progress(self, what: str, *args, **kwargs) -> None:
+        if self.progress is not None:
+            getattr(self.progress, what)(*args, **kwargs)
+
+
+def _in_job_order(events: Iterable[InputEvent], jobs: list[int]) -> Iterator[InputEvent]:
+    """The events of a stream output (stdout) one input after another, in job order, holding
+    back those of inputs a backend runs side by side, so two tracks never interleave."""
+    held: dict[int, list[InputEvent]] = defaultdict(list)
+    ended: set[int] = set()
+    at = 0
+    for event in events:
+        held[event.job].append(event)
+        if event.kind in TERMINAL:
+            ended.add(event.job)
+        while at < len(jobs):
+            yield from held.pop(jobs[at], [])
+            if jobs[at] not in ended:
+                break
+            at += 1
+    for job in jobs[at:]:
+        yield from held.pop(job, [])
+
+
+class LocalBackend:
+    """Inputs captioned on this machine, one after another, by one ``Captioner`` (its stages
+    inline or in worker processes, ``--placement``). Each input is probed just before it is
+    captioned, in a decoder child process of its own. A worker process that dies fails the
+    input it was working on as transient and the next input starts a fresh pipeline."""
+
+    def __init__(self, options: CaptionOptions) -> None:
+        self._captioner = Captioner(options)  # the cheap checks; nothing starts here
+        self.notices = self._captioner.notices
+
+    def __enter__(self) -> LocalBackend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._captioner.close()
+
+    def run(self, inputs: Sequence[tuple[int, str]]) -> Iterator[InputEvent]:
+        captioner = self._captioner
+        for job, source in inputs:
+            began = time.monotonic()
+            try:
+                info = captioner.decoder.probe(source)
+            except FfaiError as e:
+                yield InputEvent(job, "failed", error=str(e), seconds=time.monotonic() - began)
+                continue
+            yield InputEvent(job, "start", info=info)
+            # The placement follows the first input probed: it is planned when the pipeline
+            # starts, and the rest of a corpus is not probed ahead of its turn.
+            captioner.start(video=info.kind == "video")
+            try:
+                for cue in captioner.captions(info):
+                    yield InputEvent(job, "cue", cue=cue)
+            except WorkerDied as e:
+                captioner.close()
+                yield InputEvent(job, "failed", error=str(e), transient=True, seconds=time.monotonic() - began)
+                continue
+            except FfaiError as e:
+                yield InputEvent(job, "failed", error=str(e), seconds=time.monotonic() - began)
+                continue
+            yield InputEvent(job, "done", seconds=time.monotonic() - began)
