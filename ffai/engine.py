@@ -122,6 +122,11 @@ class StageSpec:
     (a DescribeRequest for the first stage) to this stage's output (an Answer, for the last).
     Stages sharing a ``process`` name share a worker process when the stages run in workers
     on more than a few cores (``ffai.captioning.pipeline_config``).
+
+    The last stage's function also takes a keyword ``on_text``: when given, it is called with
+    each piece of the answer's text as soon as no later token can change that piece, and the
+    pieces add up to ``Answer.text`` (the core passes it when a run shows answers as they are
+    generated, ``ffai.streaming``).
     """
 
     name: str
@@ -141,8 +146,10 @@ class LoadedModel(Protocol):
     def encode(self, prepared: Any) -> Any: ...
 
     def generate(
-        self, encoded: Any, options: DecodingOptions, on_token: Callable[[str], None] | None = None
-    ) -> str: ...
+        self, encoded: Any, options: DecodingOptions, on_text: Callable[[str], None] | None = None
+    ) -> str:
+        """The answer's text; ``on_text`` gets it piece by piece as it is generated."""
+        ...
 
     def describe(self, images: Sequence["Image.Image"], options: DecodingOptions, *, split: bool) -> str: ...
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from ffai.engine import Answer, DecodingOptions, DescribeRequest, EngineInfo, RuntimeOptions, StageSpec
 from ffai.errors import ModelError, UsageError
@@ -208,21 +208,31 @@ class TextDecoder:
         self.prompts = PromptBuilder.from_dir(model_dir)
         self.stop_ids = self.prompts.stop_ids()
 
-    def __call__(self, encoded: Encoded, on_token: Callable[[str], None] | None = None) -> Answer:
+    def __call__(self, encoded: Encoded, on_text: Callable[[str], None] | None = None) -> Answer:
+        """The answer; with ``on_text``, also its text piece by piece as it is generated (the
+        pieces add up to ``Answer.text``)."""
+        if on_text is None:
+            ids = self.generate_ids(encoded)
+            return Answer(self.prompts.decode(ids), tuple(ids))
+        stream = self.prompts.text_stream()
+
+        def on_token(token_id: int) -> None:
+            if piece := stream.step(token_id):
+                on_text(piece)
+
         ids = self.generate_ids(encoded, on_token)
+        if rest := stream.finish():
+            on_text(rest)
         return Answer(self.prompts.decode(ids), tuple(ids))
 
-    def generate_ids(self, encoded: Encoded, on_token: Callable[[str], None] | None = None) -> list[int]:
+    def generate_ids(self, encoded: Encoded, on_token: Callable[[int], None] | None = None) -> list[int]:
         import torch
 
         from ffai_smolvlm.generate import generate
 
-        token_cb: Callable[[int], Any] | None = None
-        if on_token is not None:
-            token_cb = lambda token_id: on_token(self.prompts.decode([token_id]))  # noqa: E731
         ids = torch.tensor([encoded.input_ids], device=self.net.device)
         with torch.inference_mode():
-            return generate(self.net, ids, encoded.image_embeds, encoded.options, self.stop_ids, token_cb)
+            return generate(self.net, ids, encoded.image_embeds, encoded.options, self.stop_ids, on_token)
 
 
 class SmolVLMModel:
@@ -241,9 +251,9 @@ class SmolVLMModel:
         return self.vision(prepared)
 
     def generate(
-        self, encoded: Encoded, options: DecodingOptions, on_token: Callable[[str], None] | None = None
+        self, encoded: Encoded, options: DecodingOptions, on_text: Callable[[str], None] | None = None
     ) -> str:
-        return self.text(dataclasses.replace(encoded, options=options), on_token).text
+        return self.text(dataclasses.replace(encoded, options=options), on_text).text
 
     def describe(self, images: Sequence["Image.Image"], options: DecodingOptions, *, split: bool) -> str:
         return self.generate(self.encode(self.preprocess(images, options, split=split)), options)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ffai.errors import ModelError, UsageError
 
@@ -34,6 +34,7 @@ FAKE_AROUND_IMAGE = "<fake_token_around_image>"
 GLOBAL_IMAGE = "<global-img>"
 END_OF_UTTERANCE = "<end_of_utterance>"
 MAX_GRID = 6  # the tokenizer has <row_r_col_c> for r, c in 1..6
+REPLACEMENT_CHARACTER = "\ufffd"  # what decoding writes for bytes that are no whole character
 
 
 def tile_tag(row: int, col: int) -> str:
@@ -114,10 +115,52 @@ class PromptBuilder:
         skip_special_tokens=True; clean_up_tokenization_spaces is false for this tokenizer)."""
         return self._tokenizer.decode(list(ids), skip_special_tokens=True)
 
+    def text_stream(self) -> TextStream:
+        """An incremental ``decode`` for one answer, fed one generated id at a time."""
+        return TextStream(self.decode)
+
     def stop_ids(self) -> tuple[int, ...]:
         """Ids that end a caption: <end_of_utterance>, then generation_config's eos ids."""
         ids = [self.end_of_utterance_id, *self._eos_ids]
         return tuple(dict.fromkeys(ids))
+
+
+class TextStream:
+    """Generated ids in, the answer's text out piece by piece, each piece final.
+
+    A byte-level token may hold part of a character, so the text of the ids so far can end in
+    an incomplete UTF-8 sequence (decoded as U+FFFD) that a later token completes. As tokenizers'
+    ``DecodeStream`` and text-generation-inference do, each step decodes only the few ids since
+    the last piece, together with the ids of that piece (``_prefix`` .. ``_read``: decoders that
+    treat a sequence's first token apart, such as Metaspace dropping its leading space, then see
+    it as they would in the whole), and gives the new text only once it does not end in U+FFFD.
+    Text shown ends on a whole character, so the text of later ids simply follows it: the
+    pieces, then ``finish()``, add up to ``decode`` of all the ids (tested with multi-byte
+    characters split across tokens). Decoding a handful of ids a step keeps it cheap.
+    """
+
+    def __init__(self, decode: Callable[[Sequence[int]], str]) -> None:
+        self._decode = decode
+        self._ids: list[int] = []
+        self._prefix = 0  # ids[_prefix:_read] made the last piece; everything before is shown
+        self._read = 0  # ids from here on are not shown yet
+
+    def step(self, token_id: int) -> str:
+        """The text that ``token_id`` makes final ("" while it may still change)."""
+        self._ids.append(token_id)
+        shown = self._decode(self._ids[self._prefix : self._read])
+        text = self._decode(self._ids[self._prefix :])
+        if len(text) <= len(shown) or text.endswith(REPLACEMENT_CHARACTER):
+            return ""
+        self._prefix, self._read = self._read, len(self._ids)
+        return text[len(shown) :]
+
+    def finish(self) -> str:
+        """What the last ids hold back at the end (an incomplete character decodes as U+FFFD)."""
+        shown = self._decode(self._ids[self._prefix : self._read])
+        rest = self._decode(self._ids[self._prefix :])[len(shown) :]
+        self._prefix = self._read = len(self._ids)
+        return rest
 
 
 def _load_tokenizer(path: Path) -> Tokenizer:

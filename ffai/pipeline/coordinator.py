@@ -11,6 +11,8 @@
         caption = stream.result()                             # ... then the result
         for fut in pipe.as_completed((w.id, w) for w in windows):   # lazily fed, completion order
             cues[fut.request_id] = fut.result()
+        for fut in pipe.as_completed(pairs, on_chunk=show):   # show(request_id, chunk) first
+            ...
 
 - ``submit(request_id, payload)`` returns a :class:`RequestFuture` (a
   ``concurrent.futures.Future`` with ``request_id``), so ``concurrent.futures.wait`` and
@@ -18,6 +20,9 @@
   ``submit`` blocks for a free slot (backpressure).
 - ``stream(request_id, payload)`` returns a :class:`RequestStream`: iterate for the chunks,
   then ``result()``; closing it before the end aborts the request.
+- ``as_completed(pairs, on_chunk=...)`` streams every request: ``on_chunk(request_id, chunk)``
+  runs on the iterating thread for each chunk, in arrival order, each request's chunks before
+  its future is yielded.
 - ``abort(request_id)`` fails the request with :class:`RequestAborted` and tells every
   stage to drop it. A stage error fails only its request, with a :class:`StageError`
   carrying the stage's message, and every stage drops that request's partial state.
@@ -39,7 +44,8 @@ import logging
 import queue
 import threading
 from concurrent.futures import Future
-from typing import Any, Hashable, Iterable, Iterator
+from functools import partial
+from typing import Any, Callable, Hashable, Iterable, Iterator
 
 from ffai.pipeline.config import PipelineConfig
 from ffai.pipeline.errors import PipelineError, RequestAborted, StageError, WorkerDied
@@ -53,6 +59,10 @@ PLACEMENTS = ("inline", "workers")
 _DONE = object()  # ends a stream's chunk queue, or an iterator
 
 
+def _tagged(put: Callable[[Any], None], request_id: Hashable, chunk: Any) -> None:
+    put((request_id, chunk))
+
+
 class RequestFuture(Future):
     def __init__(self, request_id: Hashable) -> None:
         super().__init__()
@@ -60,14 +70,15 @@ class RequestFuture(Future):
 
 
 class _Request:
-    __slots__ = ("request_id", "wire_id", "future", "chunks")
+    __slots__ = ("request_id", "wire_id", "future", "on_chunk")
 
-    def __init__(self, request_id: Hashable, wire_id: int, streaming: bool) -> None:
+    def __init__(self, request_id: Hashable, wire_id: int, on_chunk: Callable[[Any], None] | None) -> None:
         self.request_id = request_id
         self.wire_id = wire_id
         self.future = RequestFuture(request_id)
         self.future.set_running_or_notify_cancel()  # in flight at once; abort() cancels
-        self.chunks: queue.Queue[Any] | None = queue.Queue() if streaming else None
+        # Called on the pump thread with each stream chunk; None: the chunks are not wanted.
+        self.on_chunk = on_chunk
 
 
 class RequestStream:
@@ -77,9 +88,10 @@ class RequestStream:
     ``close()`` (also on ``with`` exit or garbage collection) aborts an unfinished request.
     """
 
-    def __init__(self, coordinator: Coordinator, request: _Request) -> None:
+    def __init__(self, coordinator: Coordinator, request: _Request, chunks: queue.Queue[Any]) -> None:
         self._coordinator = coordinator
         self._request = request
+        self._chunks = chunks
         self._ended = False
 
     @property
@@ -92,7 +104,7 @@ class RequestStream:
     def __next__(self) -> Any:
         if self._ended:
             raise StopIteration
-        item = self._request.chunks.get()
+        item = self._chunks.get()
         if item is not _DONE:
             return item
         self._ended = True
@@ -187,10 +199,14 @@ class Coordinator:
 
     def submit(self, request_id: Hashable, payload: Any, *, timeout: float | None = None) -> RequestFuture:
         """Send a request to the entry stage; block while ``max_in_flight`` are in flight."""
-        return self._submit(request_id, payload, timeout, streaming=False).future
+        return self._submit(request_id, payload, timeout).future
 
     def stream(self, request_id: Hashable, payload: Any, *, timeout: float | None = None) -> RequestStream:
-        return RequestStream(self, self._submit(request_id, payload, timeout, streaming=True))
+        chunks: queue.Queue[Any] = queue.Queue()
+        request = self._submit(request_id, payload, timeout, on_chunk=chunks.put)
+        # The future is finished on the pump thread after the request's last chunk was queued.
+        request.future.add_done_callback(lambda _: chunks.put(_DONE))
+        return RequestStream(self, request, chunks)
 
     def abort(self, request_id: Hashable) -> bool:
         """Abort a request in flight; False if it is not (finished or unknown)."""
@@ -198,23 +214,36 @@ class Coordinator:
             wire_id = self._wire_ids.get(request_id)
         return wire_id is not None and self._abort_wire(wire_id)
 
-    def as_completed(self, requests: Iterable[tuple[Hashable, Any]]) -> Iterator[RequestFuture]:
+    def as_completed(
+        self,
+        requests: Iterable[tuple[Hashable, Any]],
+        on_chunk: Callable[[Hashable, Any], None] | None = None,
+    ) -> Iterator[RequestFuture]:
         """Submit ``(request_id, payload)`` pairs lazily, at most ``max_in_flight`` at once,
-        and yield their futures as they finish. Leaving the loop early aborts the rest."""
-        done: queue.Queue[RequestFuture] = queue.Queue()
+        and yield their futures as they finish. Leaving the loop early aborts the rest.
+
+        With ``on_chunk``, ``on_chunk(request_id, chunk)`` is called for every stream chunk, here
+        on the iterating thread, in arrival order: each request's chunks before its future."""
+        # Futures and chunks share one queue, so they come out in the order the pump put them.
+        done: queue.Queue[RequestFuture | tuple[Hashable, Any]] = queue.Queue()
         outstanding: set[RequestFuture] = set()
         pairs = iter(requests)
         try:
             while True:
                 while len(outstanding) < self.max_in_flight and (pair := next(pairs, _DONE)) is not _DONE:
-                    future = self.submit(*pair)
+                    request_id, payload = pair
+                    sink = None if on_chunk is None else partial(_tagged, done.put, request_id)
+                    future = self._submit(request_id, payload, None, on_chunk=sink).future
                     outstanding.add(future)
                     future.add_done_callback(done.put)
                 if not outstanding:
                     return
-                future = done.get()
-                outstanding.discard(future)
-                yield future
+                item = done.get()
+                if not isinstance(item, RequestFuture):
+                    on_chunk(*item)
+                    continue
+                outstanding.discard(item)
+                yield item
         finally:
             for future in outstanding:
                 self.abort(future.request_id)
@@ -246,7 +275,13 @@ class Coordinator:
 
     # -- internals ------------------------------------------------------------------------
 
-    def _submit(self, request_id: Hashable, payload: Any, timeout: float | None, streaming: bool) -> _Request:
+    def _submit(
+        self,
+        request_id: Hashable,
+        payload: Any,
+        timeout: float | None,
+        on_chunk: Callable[[Any], None] | None = None,
+    ) -> _Request:
         self._check_usable()
         if not self._slots.acquire(timeout=timeout):
             raise PipelineError(f"no free slot for request {request_id!r} within {timeout:g} s")
@@ -255,7 +290,7 @@ class Coordinator:
                 self._check_usable()
                 if request_id in self._wire_ids:
                     raise PipelineError(f"request {request_id!r} is already in flight")
-                request = _Request(request_id, next(self._counter), streaming)
+                request = _Request(request_id, next(self._counter), on_chunk)
                 self._requests[request.wire_id] = request
                 self._wire_ids[request_id] = request.wire_id
         except BaseException:
@@ -295,8 +330,6 @@ class Coordinator:
             request.future.set_exception(error)
         else:
             request.future.set_result(result)
-        if request.chunks is not None:
-            request.chunks.put(_DONE)
         return True
 
     def _fail_all(self, error: PipelineError) -> None:
@@ -323,8 +356,8 @@ class Coordinator:
             self._on_error(msg)
         elif msg.kind == STREAM:
             request = self._requests.get(msg.request_id)
-            if request is not None and request.chunks is not None:
-                request.chunks.put(msg.data)
+            if request is not None and request.on_chunk is not None:
+                request.on_chunk(msg.data)
         elif msg.kind == STATS:
             self._on_stats(msg)
 
