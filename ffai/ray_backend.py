@@ -1,0 +1,502 @@
+"""``ffai caption --ray``: caption many inputs on a Ray cluster; the driver still writes.
+
+Ray Core, not Ray Data (README, *Captioning a corpus*, has the measurement): each input is
+decoded by a streaming-generator task (``ffai.ray_workers.decode_input``: probe, then one
+object per window, held back once ``DECODE_AHEAD`` wait unread), and each window is captioned
+by one of a pool of ``EngineActor`` s, each hosting the engine's whole pipeline with its
+weights loaded once. This driver only moves object references: windows travel from the decode
+task to an actor without passing through it, and it keeps at most ``in_flight`` windows
+between decoded and answered across the cluster, so its memory does not grow with the corpus.
+It turns the answers into ``InputEvent`` s, each input's cues in timeline order, once each
+(``ffai.input_events``); ``ffai.jobs`` writes them.
+
+Faults: Ray runs each call at most once here (no restarts, no task retries), and this driver
+decides. A window whose actor died goes to another actor, and a new actor replaces the dead
+one; an input whose decode task or decoded windows were lost (a node gone) is decoded again,
+its windows already answered skipped; past ``MAX_ATTEMPTS`` the input fails as transient, for
+the driver's own retries.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Sequence
+
+from ffai.captioning import Captioner, CaptionOptions, answered_cue
+from ffai.errors import FfaiError, UsageError
+from ffai.input_events import InputEvent
+from ffai.media import MediaInfo
+from ffai.ray_workers import EngineActor, Failed, WindowResult, decode_input
+
+INSTALL_HINT = "pip install 'ffai[ray]'"
+LOCAL = "local"  # --ray local: start a Ray of our own on this machine, stop it afterwards
+AUTO = "auto"  # --ray alone: $RAY_ADDRESS, else a cluster started here with `ray start --head`
+DECODE_AHEAD = 2  # windows a decode task may have ready before it waits for the driver to read them
+ACTOR_IN_FLIGHT = 2  # windows per actor: one computing, one waiting, so an actor never idles
+MAX_ATTEMPTS = 3  # decodes of one input before it fails as transient
+LOCAL_OBJECT_STORE_BYTES = 1 << 30  # a local Ray reserves 30 % of memory for objects unless capped
+
+
+@dataclass(frozen=True)
+class RayResources:
+    """Flags that override what ``plan_resources`` derives from the cluster."""
+
+    actors: int | None = None
+    cpus_per_actor: float | None = None
+    gpus_per_actor: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.actors is not None and self.actors < 1:
+            raise UsageError("--ray-actors must be at least 1")
+        if self.cpus_per_actor is not None and not self.cpus_per_actor > 0:
+            raise UsageError("--ray-cpus-per-actor must be > 0")
+        if self.gpus_per_actor is not None and self.gpus_per_actor < 0:
+            raise UsageError("--ray-gpus-per-actor must be >= 0")
+
+
+@dataclass(frozen=True)
+class ActorPlan:
+    actors: int
+    cpus: float  # Ray's CPU resource per actor
+    gpus: float
+    threads: int  # torch threads in each actor: its CPUs, in whole cores
+
+
+def plan_resources(node_cpus: Sequence[float], gpus: float, device: str, asked: RayResources) -> ActorPlan:
+    """Actors for the engine, from the alive nodes' CPUs and the cluster's GPUs.
+
+    Decode tasks ask for no CPU, so whatever the actors hold, decoding can always be scheduled
+    (actors holding every CPU otherwise starve it and the run hangs). On CPUs one actor per node
+    holds the whole node (its torch threads split each window's work, as locally); with GPUs
+    (and ``--device`` not cpu) one actor per GPU, the node's CPUs shared out between them."""
+    if not node_cpus:
+        raise FfaiError("the Ray cluster has no alive node")
+    use_gpus = gpus > 0 and device != "cpu"
+    if device == "cuda" and gpus == 0 and not asked.gpus_per_actor:
+        raise UsageError("--device cuda: the Ray cluster has no GPU")
+    gpus_per_actor = asked.gpus_per_actor if asked.gpus_per_actor is not None else (1.0 if use_gpus else 0.0)
+    smallest = min(node_cpus)
+    if asked.cpus_per_actor is not None:
+        cpus = asked.cpus_per_actor
+    elif gpus_per_actor:
+        per_node = max(1, math.floor(gpus / len(node_cpus) / gpus_per_actor))
+        cpus = max(1.0, math.floor(smallest / per_node))
+    else:
+        cpus = smallest
+    if cpus > max(node_cpus):
+        raise UsageError(f"--ray-cpus-per-actor {cpus:g}: no node has that many CPUs (largest: {max(node_cpus):g})")
+    if asked.actors is not None:
+        actors = asked.actors
+    elif gpus_per_actor:
+        actors = max(1, math.floor(gpus / gpus_per_actor))
+    else:
+        actors = max(1, sum(math.floor(c / cpus) for c in node_cpus))
+    return ActorPlan(actors=actors, cpus=cpus, gpus=gpus_per_actor, threads=max(1, math.ceil(cpus)))
+
+
+def import_ray():
+    try:
+        import ray
+    except ImportError:
+        raise UsageError(f"--ray needs Ray, which is not installed: {INSTALL_HINT}") from None
+    return ray
+
+
+@dataclass
+class _Input:
+    job: int
+    source: str
+    started: float = field(default_factory=time.monotonic)
+    attempt: int = 0
+    generator: Any = None
+    announced: bool = False  # "start" sent
+    read: int = 0  # windows read from the current attempt's generator
+    total: int | None = None  # windows in the input, once a generator has ended
+    next_index: int = 0  # the next window to hand the driver
+    results: dict[int, Any] = field(default_factory=dict)  # index -> Cue or Failed
+    finished: bool = False
+
+
+@dataclass
+class _Slot:
+    """One actor of the pool (or its replacement, while it starts)."""
+
+    actor: Any
+    ready: bool = False
+    busy: int = 0
+
+
+class RayBackend:
+    """A ``Backend`` (``ffai.input_events``) on a Ray cluster.
+
+    ``address``: None or ``"auto"`` connects to ``$RAY_ADDRESS``, else to a cluster started on
+    this machine with ``ray start --head``; ``"local"`` starts a Ray of our own (stopped on
+    exit); anything else is a cluster's address. Entering connects, checks the model, starts the
+    actors (each loads the weights) and raises an ``FfaiError`` if they cannot; leaving kills the
+    actors and disconnects (stopping a Ray we started), also on Ctrl-C. ``ray_init`` adds
+    arguments to ``ray.init`` for a local Ray (the tests cap its CPUs and object store)."""
+
+    def __init__(
+        self,
+        options: CaptionOptions,
+        address: str | None = None,
+        resources: RayResources | None = None,
+        *,
+        ray_init: dict[str, Any] | None = None,
+    ) -> None:
+        self.options = options
+        self.address = address or AUTO
+        self.resources = resources or RayResources()
+        self._ray_init = ray_init or {}
+        self._ray = import_ray()
+        # The cheap checks of a local run (engine, model folder, window against the context), here.
+        self.captioner = Captioner(options)
+        self.notices: list[str] = list(self.captioner.notices)
+        self.engine_name = self.captioner.engine.info.name
+        self.model_name = self.captioner.model_name
+        self.plan: ActorPlan | None = None
+        self._slots: list[_Slot] = []
+        self._connected = False
+        self._decode_s = 0.0
+        self._windows = 0
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def __enter__(self) -> RayBackend:
+        try:
+            self._connect()
+            self._start_actors()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        ray = self._ray
+        if not self._connected:
+            return
+        for slot in self._slots:
+            try:
+                ray.kill(slot.actor, no_restart=True)
+            except Exception:  # already dead, or the cluster is gone: nothing left to stop
+                pass
+        self._slots = []
+        self._connected = False
+        ray.shutdown()  # stops a local Ray we started; disconnects from any other
+
+    def _connect(self) -> None:
+        ray = self._ray
+        quiet = dict(
+            include_dashboard=False,
+            log_to_driver=False,  # workers' stdout/stderr stay in Ray's log files
+            logging_level=logging.ERROR,  # Ray's INFO lines and its token-auth WARNING
+            configure_logging=True,
+        )
+        if self.address == LOCAL:
+            memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+            args = {"object_store_memory": min(LOCAL_OBJECT_STORE_BYTES, memory // 10), **self._ray_init}
+            target = "local"
+        else:
+            args = {}
+            target = (os.environ.get("RAY_ADDRESS") or "auto") if self.address == AUTO else self.address
+        try:
+            with _ctrl_c_spares_children():
+                ray.init(address=target, **quiet, **args)
+        except (ConnectionError, RuntimeError, ValueError) as e:
+            if self.address == AUTO and not os.environ.get("RAY_ADDRESS"):
+                raise FfaiError(
+                    "--ray: no Ray cluster to join (RAY_ADDRESS is not set and none runs on this machine); "
+                    "start one with `ray start --head`, give --ray ADDRESS, or use --ray local"
+                ) from e
+            raise FfaiError(f"--ray: cannot join the Ray cluster at {target}: {' '.join(str(e).split())}") from e
+        self._connected = True
+        _silence_ray_loggers()
+
+    def _node_cpus(self) -> list[float]:
+        return [n["Resources"].get("CPU", 0.0) for n in self._ray.nodes() if n.get("Alive")]
+
+    def _start_actors(self) -> None:
+        ray = self._ray
+        gpus = ray.cluster_resources().get("GPU", 0.0)
+        self.plan = plan_resources(self._node_cpus(), gpus, self.options.runtime.device, self.resources)
+        self._slots = [_Slot(self._new_actor()) for _ in range(self.plan.actors)]
+        pids = ray.get([slot.actor.ready.remote() for slot in self._slots])
+        for slot, (_, error) in zip(self._slots, pids):
+            if error is not None:
+                raise FfaiError(error)
+            slot.ready = True
+
+    def _new_actor(self) -> Any:
+        ray, plan, c = self._ray, self.plan, self.captioner
+        runtime = c.options.runtime
+        runtime = type(runtime)(dtype=runtime.dtype, device=runtime.device, threads=runtime.threads or plan.threads)
+        actor_class = ray.remote(EngineActor).options(
+            num_cpus=plan.cpus,
+            num_gpus=plan.gpus,
+            max_concurrency=ACTOR_IN_FLIGHT,
+            max_restarts=0,  # this driver replaces a dead actor and resends its windows itself
+            scheduling_strategy="SPREAD",
+        )
+        return actor_class.remote(list(c.engine.stages()), str(c.model_dir), runtime, plan.threads, ACTOR_IN_FLIGHT)
+
+    def actor_pids(self) -> list[int]:
+        """The actors' process ids (the fault tests kill one)."""
+        return [pid for pid, _ in self._ray.get([s.actor.ready.remote() for s in self._slots if s.ready])]
+
+    def stage_rates(self) -> dict[str, tuple[float, int]]:
+        """Seconds and windows per stage, summed over the actors still alive, and decoding's."""
+        totals: dict[str, list[float]] = {"decode": [self._decode_s, self._windows]}
+        for stats in self._ray.get([s.actor.stage_seconds.remote() for s in self._slots if s.ready]):
+            for name, (seconds, calls) in stats.items():
+                total = totals.setdefault(name, [0.0, 0])
+                total[0] += seconds
+                total[1] += calls
+        return {name: (seconds, int(calls)) for name, (seconds, calls) in totals.items()}
+
+    # -- running --------------------------------------------------------------------------
+
+    def run(self, inputs: Sequence[tuple[int, str]]) -> Iterator[InputEvent]:
+        return _Run(self, inputs).events()
+
+
+class _Run:
+    """One call of ``RayBackend.run``: the loop that feeds decode tasks, windows and actors."""
+
+    def __init__(self, backend: RayBackend, inputs: Sequence[tuple[int, str]]) -> None:
+        self.backend = backend
+        self.ray = backend._ray
+        self.todo = deque(inputs)
+        self.open: list[_Input] = []
+        self.waiting: deque[tuple[_Input, int, int, Any]] = deque()  # windows decoded, no actor yet
+        self.pending: dict[Any, tuple] = {}  # object ref or generator -> what it is
+        slots = len(backend._slots)
+        self.in_flight = max(backend.options.max_in_flight, ACTOR_IN_FLIGHT * slots)
+        self.max_open = slots + 1  # inputs decoding at once: enough to keep every actor fed
+        self.replacements = 2 * slots + 2  # new actors for dead ones, at most, in this run
+        options = backend.options
+        self.decode = self.ray.remote(decode_input).options(
+            num_cpus=0,
+            num_returns="streaming",
+            max_retries=0,
+            scheduling_strategy="SPREAD",
+            _generator_backpressure_num_objects=DECODE_AHEAD,
+        )
+        self.options = options
+
+    def events(self) -> Iterator[InputEvent]:
+        try:
+            while self.todo or self.open:
+                while self.todo and len(self.open) < self.max_open:
+                    job, source = self.todo.popleft()
+                    item = _Input(job, source)
+                    self.open.append(item)
+                    self._decode(item)
+                self._dispatch()
+                for ref in self._wait():
+                    yield from self._handle(ref)
+                for item in [i for i in self.open if i.finished]:
+                    self.open.remove(item)
+        finally:
+            for generator in [i.generator for i in self.open if i.generator is not None]:
+                try:
+                    self.ray.cancel(generator)  # its windows are not wanted any more
+                except Exception:
+                    pass
+
+    def _decode(self, item: _Input) -> None:
+        item.attempt += 1
+        item.read = 0
+        item.generator = self.decode.remote(item.source, self.options)
+        self.pending[item.generator] = ("generator", item, item.attempt)
+
+    def _windows_in_flight(self) -> int:
+        return len(self.waiting) + sum(1 for what in self.pending.values() if what[0] == "window")
+
+    def _wait(self) -> list[Any]:
+        reading = self._windows_in_flight() < self.in_flight
+        refs = [ref for ref, what in self.pending.items() if reading or what[0] != "generator"]
+        if not refs:
+            return []
+        ready, _ = self.ray.wait(refs, num_returns=1, timeout=0.5)
+        return ready
+
+    def _dispatch(self) -> None:
+        """Hand waiting windows to the least busy ready actors."""
+        while self.waiting:
+            ready = [s for s in self.backend._slots if s.ready and s.busy < ACTOR_IN_FLIGHT]
+            if not ready:
+                return
+            slot = min(ready, key=lambda s: s.busy)
+            item, attempt, index, window_ref = self.waiting.popleft()
+            if item.finished or index in item.results:
+                continue
+            slot.busy += 1
+            answer = slot.actor.caption.remote(window_ref)
+            self.pending[answer] = ("window", item, attempt, index, window_ref, slot, slot.actor)
+
+    def _handle(self, ref: Any) -> Iterator[InputEvent]:
+        what = self.pending.pop(ref)
+        kind, item = what[0], what[1]
+        if kind == "generator":
+            yield from self._read(item, what[2], ref)
+        elif kind == "window":
+            yield from self._answered(ref, *what[1:])
+        elif kind == "actor":
+            self._actor_ready(ref, what[1])
+
+    def _read(self, item: _Input, attempt: int, generator: Any) -> Iterator[InputEvent]:
+        ray = self.ray
+        if item.finished or attempt != item.attempt:
+            return
+        try:
+            ref = next(generator)
+        except StopIteration:
+            item.total = item.read - 1  # the first object is the probe's
+            yield from self._emit(item)
+            return
+        except ray.exceptions.RayError as e:
+            yield from self._lost(item, e)
+            return
+        self.pending[generator] = ("generator", item, attempt)
+        if item.read == 0:
+            item.read = 1
+            try:
+                head = ray.get(ref)
+            except ray.exceptions.RayTaskError as e:
+                yield self._fail(item, _cause(e))
+                return
+            except ray.exceptions.RayError as e:
+                yield from self._lost(item, e)
+                return
+            if isinstance(head, Failed):
+                yield self._fail(item, head.error)
+            elif isinstance(head, MediaInfo) and not item.announced:
+                item.announced = True
+                yield InputEvent(item.job, "start", info=head)
+            return
+        index = item.read - 1
+        item.read += 1
+        if index not in item.results:
+            self.waiting.append((item, attempt, index, ref))
+
+    def _answered(
+        self, ref: Any, item: _Input, attempt: int, index: int, window_ref: Any, slot: _Slot, actor: Any
+    ) -> Iterator[InputEvent]:
+        ray = self.ray
+        if slot.actor is actor:  # not an answer owed by an actor since replaced
+            slot.busy -= 1
+        try:
+            result = ray.get(ref)
+        except ray.exceptions.RayActorError:
+            if slot.actor is actor:
+                self._replace(slot)
+            if not item.finished:
+                self.waiting.appendleft((item, attempt, index, window_ref))
+            return
+        except ray.exceptions.RayTaskError as e:
+            result = Failed(_cause(e))
+        except ray.exceptions.RayError as e:  # the window's object is lost with its node
+            if attempt == item.attempt and not item.finished:
+                yield from self._lost(item, e)
+            return
+        if item.finished or index in item.results:
+            return
+        if isinstance(result, WindowResult):
+            self.backend._decode_s += result.decode_s
+            self.backend._windows += 1
+            item.results[index] = answered_cue(result.timing, result.answer)
+        else:
+            item.results[index] = result
+        yield from self._emit(item)
+
+    def _emit(self, item: _Input) -> Iterator[InputEvent]:
+        while item.next_index in item.results and not item.finished:
+            result = item.results[item.next_index]
+            if isinstance(result, Failed):
+                yield self._fail(item, result.error)
+                return
+            item.next_index += 1
+            yield InputEvent(item.job, "cue", cue=result)
+        if item.total is not None and item.next_index >= item.total and not item.finished:
+            item.finished = True
+            yield InputEvent(item.job, "done", seconds=time.monotonic() - item.started)
+
+    def _fail(self, item: _Input, error: str, transient: bool = False) -> InputEvent:
+        item.finished = True
+        seconds = time.monotonic() - item.started
+        return InputEvent(item.job, "failed", error=error, transient=transient, seconds=seconds)
+
+    def _lost(self, item: _Input, error: BaseException) -> Iterator[InputEvent]:
+        """The input's decode task or its windows were lost: decode it again, or give up."""
+        self.pending.pop(item.generator, None)
+        if item.attempt >= MAX_ATTEMPTS:
+            reason = " ".join(str(error).split())[:200]
+            yield self._fail(item, f"{item.source}: lost on the Ray cluster: {reason}", transient=True)
+            return
+        self._decode(item)
+
+    def _replace(self, slot: _Slot) -> None:
+        """Start a new actor in place of a dead one; it takes windows once it has loaded."""
+        if not slot.ready:
+            return  # already being replaced
+        slot.ready = False
+        slot.busy = 0
+        try:
+            self.ray.kill(slot.actor, no_restart=True)  # unreachable, maybe not dead: it must not come back
+        except Exception:
+            pass
+        if self.replacements == 0:
+            if not any(s.ready for s in self.backend._slots):
+                raise FfaiError("every Ray actor running the engine died")
+            return
+        self.replacements -= 1
+        slot.actor = self.backend._new_actor()
+        self.pending[slot.actor.ready.remote()] = ("actor", slot)
+
+    def _actor_ready(self, ref: Any, slot: _Slot) -> None:
+        try:
+            _, error = self.ray.get(ref)
+        except self.ray.exceptions.RayError:
+            error = "died while starting"
+        if error is None:
+            slot.ready = True
+        elif not any(s.ready for s in self.backend._slots):
+            raise FfaiError(f"a new Ray actor for the engine failed to start: {error}")
+
+
+def _cause(error: Any) -> str:
+    """The one-line reason of an exception raised in a task or an actor."""
+    cause = getattr(error, "cause", None) or error
+    if isinstance(cause, FfaiError):
+        return " ".join(str(cause).split())
+    return " ".join(f"{type(cause).__name__}: {cause}".split())
+
+
+def _silence_ray_loggers() -> None:
+    for name in ("ray", "ray.data", "ray.train", "ray.tune", "ray.serve"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+class _ctrl_c_spares_children:
+    """While Ray starts its processes, SIGINT is ignored, and they inherit that: Ctrl-C at a
+    terminal signals the whole foreground process group, and a GCS or raylet killed by it would
+    take the run down before ffai has finished its outputs and stopped Ray in order."""
+
+    def __enter__(self) -> None:
+        self.previous = None
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
