@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Hashable, Iterable, Iterator, Sequence
 
-from ffai import cpu, media, models, registry
+from PIL import Image
+
+from ffai import cpu, media, models, registry, sheet
 from ffai.engine import Answer, DecodingOptions, DescribeRequest, Engine, RuntimeOptions, StageSpec
 from ffai.errors import UsageError
 from ffai.pipeline import Coordinator, PipelineConfig, PipelineError, ProcessConfig, StageConfig
@@ -39,6 +41,9 @@ class CaptionOptions:
     runtime: RuntimeOptions = field(default_factory=RuntimeOptions)
     max_in_flight: int = 2
     placement: str = "auto"  # one of PLACEMENTS; see placement()
+    # Cues carry small pictures of their frames (Cue.thumbnails), for a track that shows them
+    # (the html contact sheet); made where the frames are, so no frame outlives its window.
+    thumbnails: bool = False
 
     def __post_init__(self) -> None:
         if self.max_in_flight < 1:
@@ -196,13 +201,15 @@ class Captioner:
             yield future.request_id, future.result()
 
     def captions(self, info: media.MediaInfo, progress: Progress | None = None) -> Iterator[Cue]:
-        """Cues for one probed input, in timeline order, each with its answer's token ids.
-        A still gives one cue at 0."""
+        """Cues for one probed input, in timeline order, each with its answer's token ids (and
+        pictures of its frames with ``options.thumbnails``). A still gives one cue at 0."""
         progress = progress or Progress()
         if info.kind == "image":
-            request = DescribeRequest((self.decoder.load_image(info.path),), self.options.decoding, split=True)
+            image = self.decoder.load_image(info.path)
+            timing = still_cue_timing(image if self.options.thumbnails else None)
+            request = DescribeRequest((image,), self.options.decoding, split=True)
             answer = self._running().submit("still", request).result()
-            yield _emit(answered_cue(still_cue_timing(), answer), progress)
+            yield _emit(answered_cue(timing, answer), progress)
             return
         yield from self._video_cues(info, progress)
 
@@ -218,7 +225,7 @@ class Captioner:
                 self._frames(info, progress), self.options.window, self.options.fps, clip_end=info.duration
             )
             for window in windows:
-                timing[window.index] = Cue.from_window(window, "")
+                timing[window.index] = window_cue_timing(window, self.options.thumbnails)
                 yield window.index, window_request(window, self.options)
 
         for request_id, answer in self.answers(requests()):
@@ -244,9 +251,18 @@ def window_request(window: Window, options: CaptionOptions) -> DescribeRequest:
     return DescribeRequest(tuple(frame.image for frame in window.frames), options.decoding, split=False)
 
 
-def still_cue_timing() -> Cue:
-    """A still's one cue, at 0, before its text is known."""
-    return Cue(index=1, start_ms=0, end_ms=0, frame_times_ms=(0,), text="")
+def window_cue_timing(window: Window, thumbnails: bool = False) -> Cue:
+    """A window's cue before its text is known; with ``thumbnails``, pictures of its frames
+    (``ffai.sheet``), made here where the frames are, so no frame outlives its window."""
+    shots = sheet.window_thumbnails(window.frames) if thumbnails else ()
+    return dataclasses.replace(Cue.from_window(window, ""), thumbnails=shots)
+
+
+def still_cue_timing(thumbnail_of: Image.Image | None = None) -> Cue:
+    """A still's one cue, at 0, before its text is known; with its picture when
+    ``thumbnail_of`` is the still (for the contact sheet)."""
+    shots = (sheet.still_thumbnail(thumbnail_of),) if thumbnail_of is not None else ()
+    return Cue(index=1, start_ms=0, end_ms=0, frame_times_ms=(0,), text="", thumbnails=shots)
 
 
 def answered_cue(timing: Cue, answer: Answer) -> Cue:

@@ -1,5 +1,5 @@
-"""Cues → caption tracks (srt, vtt, json, jsonl, txt), written so the file on disk is always
-complete and valid (DESIGN §6).
+"""Cues → caption tracks (srt, vtt, json, jsonl, txt, and html: the contact sheet of
+``ffai.sheet``), written so the file on disk is always complete and valid (DESIGN §6).
 
 Two halves: a *format* turns cues into text (SRT and VTT share one base and differ in a
 header and one method, after whisper's ``utils.py``), and a *sink* puts that text somewhere.
@@ -10,7 +10,7 @@ place, so a reader (or a kill) never sees a torn file:
 * srt, vtt, jsonl, txt — the first cue creates the file (header + cue) by rename; every later
   cue is appended to the same open file, flushed and fsynced. A kill between cues leaves every
   finished cue in a valid file.
-* json — one document, rewritten whole through a temporary file and renamed for every cue.
+* json, html — one document, rewritten whole through a temporary file and renamed for every cue.
 * A track with no cue is created only by ``close`` (an empty track is a valid file). A run that
   fails before its first cue (``abort``) creates nothing and leaves an existing target alone,
   even with ``overwrite``.
@@ -48,6 +48,16 @@ from ffai.errors import OutputError, UsageError
 
 
 @dataclass(frozen=True)
+class Thumbnail:
+    """A small JPEG of one frame a cue's window held (``ffai.sheet`` makes them)."""
+
+    time_ms: int  # the frame's time, as in ``Cue.frame_times_ms``
+    width: int
+    height: int
+    jpeg: bytes
+
+
+@dataclass(frozen=True)
 class Cue:
     index: int  # 1-based, in output order
     start_ms: int
@@ -57,6 +67,9 @@ class Cue:
     # The tokens behind ``text``, for callers that compare implementations (the bench); tracks
     # do not carry them: they are the model's vocabulary, not the caption a reader wants.
     token_ids: tuple[int, ...] = ()
+    # Pictures of the window's frames, made only for a track that shows them (html): the
+    # frames themselves are released with their window; the other formats ignore these.
+    thumbnails: tuple[Thumbnail, ...] = ()
 
     def __post_init__(self) -> None:
         if not 0 <= self.start_ms <= self.end_ms:
@@ -76,7 +89,8 @@ class Cue:
 
 @dataclass(frozen=True)
 class TrackHeader:
-    """What the json document says about the run besides its cues."""
+    """What a track says about the run besides its cues (json: up to ``seed``; the html page
+    shows the decoding options and the creation time too, when known)."""
 
     source_path: str
     duration: float | None
@@ -89,6 +103,19 @@ class TrackHeader:
     prompt: str | None
     max_new_tokens: int
     seed: int | None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    created: str | None = None  # ISO 8601, see creation_time()
+
+
+def creation_time() -> str:
+    """Now, ISO 8601 with the local offset, or ``$SOURCE_DATE_EPOCH`` when set (the reproducible
+    builds convention), so that two runs can write byte-identical pages."""
+    epoch = os.environ.get("SOURCE_DATE_EPOCH")
+    if epoch and epoch.isdigit():
+        return datetime.datetime.fromtimestamp(int(epoch), datetime.timezone.utc).isoformat(timespec="seconds")
+    return datetime.datetime.now().astimezone().isoformat(timespec="seconds")
 
 
 def format_timestamp(ms: int, decimal_marker: str = ".") -> str:
@@ -135,9 +162,11 @@ class TrackFormat(abc.ABC):
     name: ClassVar[str]
     appendable: ClassVar[bool] = True
     head: ClassVar[str] = ""
+    wants_thumbnails: ClassVar[bool] = False  # cues should carry thumbnails of their frames
 
-    def __init__(self, header: TrackHeader) -> None:
+    def __init__(self, header: TrackHeader, output: str | None = None) -> None:
         self.header = header
+        self.output = output  # where the track goes (None or "-": stdout)
 
     @abc.abstractmethod
     def block(self, cue: Cue) -> str:
@@ -235,10 +264,74 @@ class JsonFormat(TrackFormat):
         return json.dumps(doc, ensure_ascii=False, indent=2) + "\n"
 
 
+def read_json_track(path: str | os.PathLike) -> tuple[TrackHeader, list[Cue]]:
+    """The header and cues of a json track written by :class:`JsonFormat`; anything else is a
+    one-line UsageError naming the file."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            doc = json.load(file)
+    except OSError as e:
+        raise UsageError(f"{path}: {e.strerror or e}") from e
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UsageError(f"{path}: not a JSON track ({e})") from e
+    try:
+        if doc["version"] != 1:
+            raise UsageError(f"{path}: JSON track version {doc['version']!r} is not supported (only 1)")
+        source, params = doc["source"], doc["params"]
+        header = TrackHeader(
+            source_path=str(source["path"]),
+            duration=source["duration"],
+            width=source["width"],
+            height=source["height"],
+            engine=str(doc["engine"]["name"]),
+            model=str(doc["engine"]["model"]),
+            fps=params["fps"],
+            window=params["window"],
+            prompt=params["prompt"],
+            max_new_tokens=params["max_new_tokens"],
+            seed=params["seed"],
+        )
+        cues = [
+            Cue(
+                index=int(c["index"]),
+                start_ms=round(c["start"] * 1000),
+                end_ms=round(c["end"] * 1000),
+                frame_times_ms=tuple(round(t * 1000) for t in c["frame_times"]),
+                text=str(c["text"]),
+            )
+            for c in doc["cues"]
+        ]
+    except (KeyError, TypeError, ValueError) as e:
+        raise UsageError(f"{path}: not a JSON track written by ffai ({type(e).__name__}: {e})") from e
+    return header, cues
+
+
+class HtmlFormat(TrackFormat):
+    """The contact sheet (``ffai.sheet``): one self-contained page, rebuilt whole and renamed
+    into place for every cue as json is, so an interrupted run leaves a page that opens."""
+
+    name = "html"
+    appendable = False
+    wants_thumbnails = True
+
+    def __init__(self, header: TrackHeader, output: str | None = None) -> None:
+        from ffai import sheet  # the page's markup; it imports this module
+
+        super().__init__(header, output)
+        self._sheet = sheet
+        self._video = sheet.video_source(header.source_path, output) if header.fps is not None else None
+
+    def block(self, cue: Cue) -> str:
+        return self._sheet.card(cue, still=self.header.fps is None)
+
+    def document(self, cues: Sequence[Cue]) -> str:
+        return self._sheet.page(self.header, cues, self._video)
+
+
 _FORMAT_CLASSES: dict[str, type[TrackFormat]] = {
-    cls.name: cls for cls in (SrtFormat, VttFormat, JsonFormat, JsonlFormat, TxtFormat)
+    cls.name: cls for cls in (SrtFormat, VttFormat, JsonFormat, JsonlFormat, TxtFormat, HtmlFormat)
 }
-FORMATS: tuple = tuple(_FORMAT_CLASSES)  # ("srt", "vtt", "json", "jsonl", "txt")
+FORMATS: tuple = tuple(_FORMAT_CLASSES)  # ("srt", "vtt", "json", "jsonl", "txt", "html")
 
 
 def _is_stdout(output: str | None) -> bool:
@@ -435,6 +528,11 @@ class TrackWriter:
     def cues_written(self) -> int:
         return self._count
 
+    @property
+    def wants_thumbnails(self) -> bool:
+        """Whether the cues written here should carry thumbnails (``Cue.thumbnails``)."""
+        return self._format.wants_thumbnails
+
     def write(self, cue: Cue) -> None:
         if self._done:
             raise ValueError("write to a closed track")
@@ -495,7 +593,7 @@ def open_track(
     if fmt not in _FORMAT_CLASSES:
         raise UsageError(f"unknown format {fmt!r} (choose from {', '.join(FORMATS)})")
     check_output(output, overwrite)
-    track_format = _FORMAT_CLASSES[fmt](header)
+    track_format = _FORMAT_CLASSES[fmt](header, output)
     if _is_stdout(output):
         sink = _StreamSink(stream if stream is not None else sys.stdout, "stdout", owned=False)
     elif _is_device(output):

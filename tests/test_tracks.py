@@ -23,6 +23,7 @@ import pytest
 import srt
 import webvtt
 
+import sheet_reader
 from ffai.errors import OutputError, UsageError
 from ffai.tracks import FORMATS, Cue, TrackHeader, check_output, fold_line_breaks, open_track, resolve_format
 from ffai.windows import Window
@@ -85,6 +86,8 @@ def parse(fmt: str, text: str) -> list[tuple[int, int, str]]:
         ]
     if fmt == "json":
         return [(round(c["start"] * 1000), round(c["end"] * 1000), c["text"]) for c in json.loads(text)["cues"]]
+    if fmt == "html":
+        return [(c.start_ms, c.end_ms, c.text) for c in sheet_reader.cards(text)]
     if fmt == "jsonl":
         assert text == "" or text.endswith("\n")
         return [
@@ -104,6 +107,8 @@ def expected(fmt: str, cues=CUES) -> list[tuple[int, int, str]]:
     shown = {c.index: s for c, s in zip(CUES, SHOWN)}
     if fmt in ("json", "jsonl"):
         return [(c.start_ms, c.end_ms, texts[c.index]) for c in cues]
+    if fmt == "html":  # exactly, but for CR LF and CR, which HTML reads as LF
+        return [(c.start_ms, c.end_ms, re.sub(r"\r\n?", "\n", texts[c.index])) for c in cues]
     if fmt == "txt":
         return [(c.start_ms, c.end_ms, shown[c.index].replace("\n", " ")) for c in cues]
     return [(c.start_ms, c.end_ms, shown[c.index]) for c in cues]
@@ -236,10 +241,10 @@ def test_every_write_leaves_a_complete_file(tmp_path, fmt):
             assert leftovers(tmp_path) == []
             inodes.append(out.stat().st_ino)
     assert os.listdir(tmp_path) == [out.name]
-    # json is renamed into place at every cue (a new file each time; inode numbers may be
-    # recycled, so compare neighbours); the others are created once, then appended to
+    # json and html are renamed into place at every cue (a new file each time; inode numbers
+    # may be recycled, so compare neighbours); the others are created once, then appended to
     renamed = [a != b for a, b in zip(inodes, inodes[1:])]
-    assert renamed == [fmt == "json"] * (len(CUES) - 1)
+    assert renamed == [fmt in ("json", "html")] * (len(CUES) - 1)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -522,6 +527,8 @@ def test_golden_still(tmp_path, fmt):
         assert text == "First line\r\r\n\n \n  Second  line,   spaced  \r\nThird\tline\n"
     elif fmt in ("json", "jsonl"):
         assert parse(fmt, text) == [(0, 0, CUES[2].text)]
+    elif fmt == "html":
+        assert parse(fmt, text) == [(0, 0, re.sub(r"\r\n?", "\n", CUES[2].text))]
     else:
         assert parse(fmt, text) == [(0, 0, SHOWN[2])]
 
