@@ -10,6 +10,7 @@ an earlier run finished (``--resume``) and reports a failed input without stoppi
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections import defaultdict
@@ -24,7 +25,15 @@ from ffai.errors import FfaiError, OutputError, UsageError
 from ffai.input_events import Backend, InputEvent
 from ffai.media import MediaInfo
 from ffai.pipeline import WorkerDied
-from ffai.tracks import TrackHeader, TrackWriter, check_output, open_track, resolve_format
+from ffai.tracks import (
+    TrackHeader,
+    TrackWriter,
+    check_output,
+    creation_time,
+    open_track,
+    resolve_format,
+    wants_thumbnails,
+)
 
 PATTERN_FIELDS = ("{stem}", "{name}", "{parent}", "{reldir}")
 MIRROR_FIELD = "{reldir}"
@@ -118,6 +127,8 @@ def run_caption_jobs(
     if retries < 0:
         raise UsageError("--retries must be 0 or more")
     jobs = plan_jobs(input_specs.expand(inputs), output, fmt)
+    # A track that shows the frames (html) needs thumbnails, made where the frames are.
+    options = dataclasses.replace(options, thumbnails=any(wants_thumbnails(job.fmt) for job in jobs))
     model = resolve_model(options)
     record_path = _record_path(jobs, output, run_log, resume)
     log = None
@@ -381,6 +392,10 @@ class _Driver:
             prompt=d.prompt,
             max_new_tokens=d.max_new_tokens,
             seed=d.seed,
+            temperature=d.temperature,
+            top_p=d.top_p,
+            top_k=d.top_k,
+            created=creation_time(),
         )
 
     def _record(self, i: int, status: str, **fields) -> None:

@@ -334,6 +334,11 @@ _FORMAT_CLASSES: dict[str, type[TrackFormat]] = {
 FORMATS: tuple = tuple(_FORMAT_CLASSES)  # ("srt", "vtt", "json", "jsonl", "txt", "html")
 
 
+def wants_thumbnails(fmt: str) -> bool:
+    """Whether a track in ``fmt`` shows its cues' frames (``Cue.thumbnails``)."""
+    return _FORMAT_CLASSES[fmt].wants_thumbnails
+
+
 def _is_stdout(output: str | None) -> bool:
     return output is None or output == "-"
 
@@ -527,12 +532,6 @@ class TrackWriter:
     @property
     def cues_written(self) -> int:
         return self._count
-
-    @property
-    def wants_thumbnails(self) -> bool:
-        """Whether the cues written here should carry thumbnails (``Cue.thumbnails``)."""
-        return self._format.wants_thumbnails
-
     def write(self, cue: Cue) -> None:
         if self._done:
             raise ValueError("write to a closed track")
