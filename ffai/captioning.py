@@ -20,6 +20,7 @@ from ffai import cpu, media, models, registry, sheet
 from ffai.engine import Answer, DecodingOptions, DescribeRequest, Engine, RuntimeOptions, StageSpec
 from ffai.errors import UsageError
 from ffai.pipeline import Coordinator, PipelineConfig, PipelineError, ProcessConfig, StageConfig
+from ffai.streaming import StrippedPieces
 from ffai.tracks import Cue
 from ffai.windows import Window, check_window, make_windows
 
@@ -41,6 +42,9 @@ class CaptionOptions:
     runtime: RuntimeOptions = field(default_factory=RuntimeOptions)
     max_in_flight: int = 2
     placement: str = "auto"  # one of PLACEMENTS; see placement()
+    # The answers' text also comes piece by piece as it is generated (Progress.on_text), for a
+    # track that shows it; off, the text stage spends nothing on it.
+    stream_answers: bool = False
     # Cues carry small pictures of their frames (Cue.thumbnails), for a track that shows them
     # (the html contact sheet); made where the frames are, so no frame outlives its window.
     thumbnails: bool = False
@@ -60,6 +64,9 @@ class Progress:
 
     on_frame: Callable[[float], None] | None = None
     on_cue: Callable[[Cue], None] | None = None
+    # (cue index, piece) as each answer is generated, with CaptionOptions.stream_answers: the
+    # pieces of a cue add up to its text, and come before the cue.
+    on_text: Callable[[int, str], None] | None = None
 
 
 def available_cores() -> int:
@@ -88,23 +95,27 @@ def placement(choice: str, *, cores: int, video: bool) -> str:
 
 
 def pipeline_config(
-    stages: Sequence[StageSpec], model_dir: Path, runtime: RuntimeOptions, cores: int
+    stages: Sequence[StageSpec], model_dir: Path, runtime: RuntimeOptions, cores: int, *, stream: bool = False
 ) -> PipelineConfig:
     """The engine's stages as a linear pipeline. On many cores each of the engine's processes
     gets its share of them, so that stages running side by side do not oversubscribe the
     machine; on ``SHARED_PROCESS_MAX_CORES`` or fewer all stages share one process and take
-    turns, each with all the threads."""
+    turns, each with all the threads. With ``stream`` the last stage streams its answers' text
+    as chunks (``ffai.streaming``)."""
     shared = cores <= SHARED_PROCESS_MAX_CORES
     processes = [SHARED_PROCESS] if shared else list(dict.fromkeys(spec.process for spec in stages))
     threads = runtime.threads or max(1, cores // len(processes))
     configs = []
     for i, spec in enumerate(stages):
         last = i == len(stages) - 1
+        factory, args = spec.factory, (str(model_dir), runtime)
+        if last and stream:
+            factory, args = "ffai.streaming:answer_stage", (factory, *args)
         configs.append(
             StageConfig(
                 name=spec.name,
-                factory=spec.factory,
-                args=(str(model_dir), runtime),
+                factory=factory,
+                args=args,
                 next=() if last else (stages[i + 1].name,),
                 terminal=last,
                 process=SHARED_PROCESS if shared else spec.process,
@@ -161,7 +172,9 @@ class Captioner:
         self.model_name = resolved.name
         self.model_dir: Path = resolved.folder
         self.engine.check_window(self.model_dir, options.window, options.decoding, split=False)
-        self.config = pipeline_config(self.engine.stages(), self.model_dir, options.runtime, self.cores)
+        self.config = pipeline_config(
+            self.engine.stages(), self.model_dir, options.runtime, self.cores, stream=options.stream_answers
+        )
         # Each input is read in a child process of its own: a decoder crash fails that input alone.
         self.decoder = media.Decoder()
         self._pipe: Coordinator | None = None
@@ -193,11 +206,18 @@ class Captioner:
             raise PipelineError("the captioner is not started: call start() or use it in a with block")
         return self._pipe
 
-    def answers(self, requests: Iterable[tuple[Hashable, DescribeRequest]]) -> Iterator[tuple[Hashable, Answer]]:
+    def answers(
+        self,
+        requests: Iterable[tuple[Hashable, DescribeRequest]],
+        on_text: Callable[[Hashable, str], None] | None = None,
+    ) -> Iterator[tuple[Hashable, Answer]]:
         """``(request_id, Answer)`` for each request as it finishes: the answer's text and the
         token ids behind it. Requests are drawn lazily, at most ``options.max_in_flight`` in
-        flight; for callers that bring their own images (the bench)."""
-        for future in self._running().as_completed(requests):
+        flight; for callers that bring their own images (the bench). With
+        ``options.stream_answers``, ``on_text(request_id, piece)`` gets each answer's text as it
+        is generated, on this thread, before the answer."""
+        on_chunk = on_text if self.options.stream_answers else None
+        for future in self._running().as_completed(requests, on_chunk=on_chunk):
             yield future.request_id, future.result()
 
     def captions(self, info: media.MediaInfo, progress: Progress | None = None) -> Iterator[Cue]:
@@ -208,7 +228,8 @@ class Captioner:
             image = self.decoder.load_image(info.path)
             timing = still_cue_timing(image if self.options.thumbnails else None)
             request = DescribeRequest((image,), self.options.decoding, split=True)
-            answer = self._running().submit("still", request).result()
+            on_text = _CueText(progress, lambda _: timing.index) if progress.on_text else None
+            ((_, answer),) = self.answers([(0, request)], on_text)
             yield _emit(answered_cue(timing, answer), progress)
             return
         yield from self._video_cues(info, progress)
@@ -228,7 +249,10 @@ class Captioner:
                 timing[window.index] = window_cue_timing(window, self.options.thumbnails)
                 yield window.index, window_request(window, self.options)
 
-        for request_id, answer in self.answers(requests()):
+        on_text = _CueText(progress, lambda window: window + 1) if progress.on_text else None
+        for request_id, answer in self.answers(requests(), on_text):
+            if on_text:
+                on_text.end(request_id)
             finished[request_id] = answer
             while next_index in finished:
                 cue = answered_cue(timing.pop(next_index), finished.pop(next_index))
@@ -268,6 +292,24 @@ def still_cue_timing(thumbnail_of: Image.Image | None = None) -> Cue:
 def answered_cue(timing: Cue, answer: Answer) -> Cue:
     """The cue with the answer's text, surrounding whitespace stripped, and its tokens."""
     return dataclasses.replace(timing, text=answer.text.strip(), token_ids=answer.token_ids)
+
+
+class _CueText:
+    """``on_text`` for ``answers``: each request's pieces trimmed as its cue's text will be
+    (``answered_cue``), then given to ``progress.on_text`` with the cue's index."""
+
+    def __init__(self, progress: Progress, cue_index: Callable[[Hashable], int]) -> None:
+        self._show = progress.on_text
+        self._cue_index = cue_index
+        self._trimmed: dict[Hashable, StrippedPieces] = {}
+
+    def __call__(self, request_id: Hashable, piece: str) -> None:
+        if shown := self._trimmed.setdefault(request_id, StrippedPieces()).add(piece):
+            self._show(self._cue_index(request_id), shown)
+
+    def end(self, request_id: Hashable) -> None:
+        """The request is answered: its pieces are all in."""
+        self._trimmed.pop(request_id, None)
 
 
 def _emit(cue: Cue, progress: Progress) -> Cue:

@@ -17,6 +17,10 @@ place, so a reader (or a kill) never sees a torn file:
 
 Stream sinks (``-o -``) write and flush each cue as it comes; json cannot be rewritten on a
 stream, so its document is printed once, at ``close`` (or at ``abort`` when cues finished).
+On a stream a track may also show answers while they are generated (``TrackWriter.show``): a
+still's txt prints its answer piece by piece, the line break when the cue comes; jsonl with
+``--partial`` writes an event ``{"partial": true, "index": N, "text": ...}`` (cue N's text so
+far) for each piece, before cue N's own line, which is the same as without ``--partial``.
 
 Timestamps are integers of milliseconds from :meth:`Cue.from_window` on, rounded once.
 
@@ -172,6 +176,16 @@ class TrackFormat(abc.ABC):
     def block(self, cue: Cue) -> str:
         """The text one cue adds to the track."""
 
+    def partial(self, index: int, text: str) -> str | None:
+        """The event that shows cue ``index``'s text so far (``text``) while its answer is
+        generated (``--partial``); None: this format has none."""
+        return None
+
+    def streams_text(self) -> bool:
+        """Whether a cue's block begins with its text as is, so that on a stream the text can be
+        printed piece by piece as the answer is generated, and the block's rest after it."""
+        return False
+
     def document(self, cues: Sequence[Cue]) -> str:
         return self.head + "".join(self.block(cue) for cue in cues)
 
@@ -226,6 +240,9 @@ class JsonlFormat(TrackFormat):
     def block(self, cue: Cue) -> str:
         return json.dumps(_cue_object(cue), ensure_ascii=False) + "\n"
 
+    def partial(self, index: int, text: str) -> str:
+        return json.dumps({"partial": True, "index": index, "text": text}, ensure_ascii=False) + "\n"
+
 
 class TxtFormat(TrackFormat):
     name = "txt"
@@ -236,6 +253,9 @@ class TxtFormat(TrackFormat):
         text = fold_line_breaks(cue.text, " ")  # one line per cue
         timing = f"[{format_timestamp(cue.start_ms)} --> {format_timestamp(cue.end_ms)}]"
         return f"{timing} {text}\n" if text else f"{timing}\n"
+
+    def streams_text(self) -> bool:
+        return self.header.fps is None  # a still's block is its answer and a line break
 
 
 class JsonFormat(TrackFormat):
@@ -522,12 +542,31 @@ class TrackWriter:
     """Writes cues, in timeline order, to one track. A context manager: a clean exit closes
     (the track is complete), an exception aborts (finished cues stay, nothing else happens)."""
 
-    def __init__(self, track_format: TrackFormat, sink: _StreamSink | _FileSink) -> None:
+    def __init__(self, track_format: TrackFormat, sink: _StreamSink | _FileSink, partial: bool = False) -> None:
         self._format = track_format
         self._sink = sink
         self._cues: list[Cue] = []  # kept only for formats rebuilt whole (json)
         self._count = 0
         self._done = False
+        # Answers shown while generated go to a stream only: a file appears whole at its first cue.
+        self._partial = partial
+        self._shows_text = not sink.rewritable and (partial or track_format.streams_text())
+        self._shown: dict[int, str] = {}  # cue index -> its text shown so far
+
+    @property
+    def shows_text(self) -> bool:
+        """Whether :meth:`show` writes anything (so the run should stream its answers)."""
+        return self._shows_text
+
+    def show(self, index: int, piece: str) -> None:
+        """The next piece of cue ``index``'s text, as its answer is generated: a ``--partial``
+        event with its text so far, or the piece itself where the cue's block begins with its
+        text (then :meth:`write` adds only the block's rest)."""
+        if not self._shows_text or self._done:
+            return
+        text = self._shown.get(index, "") + piece
+        self._shown[index] = text
+        self._sink.append(self._format.partial(index, text) if self._partial else piece)
 
     @property
     def cues_written(self) -> int:
@@ -536,10 +575,14 @@ class TrackWriter:
         if self._done:
             raise ValueError("write to a closed track")
         fmt, sink = self._format, self._sink
+        block = fmt.block(cue)
+        shown = self._shown.pop(cue.index, "")
+        if shown and not self._partial:  # its text is on the stream already
+            block = block[len(shown) :] if block.startswith(shown) else "\n" + block
         if fmt.appendable and self._count == 0:
-            sink.publish(fmt.head + fmt.block(cue), keep_open=True)
+            sink.publish(fmt.head + block, keep_open=True)
         elif fmt.appendable:
-            sink.append(fmt.block(cue))
+            sink.append(block)
         else:
             self._cues.append(cue)
             if sink.rewritable:
@@ -563,6 +606,8 @@ class TrackWriter:
             return
         self._done = True
         try:
+            if self._shown and not self._partial:  # end the line an unfinished answer left open
+                self._sink.append("\n")
             if self._count and not (self._format.appendable or self._sink.rewritable):
                 self._sink.publish(self._format.document(self._cues), keep_open=False)
         finally:
@@ -585,13 +630,17 @@ def open_track(
     *,
     overwrite: bool,
     stream: IO[str] | None = None,
+    partial: bool = False,
 ) -> TrackWriter:
-    """A writer for ``output`` (a path; ``None`` or ``"-"`` is ``stream``, default stdout).
+    """A writer for ``output`` (a path; ``None`` or ``"-"`` is ``stream``, default stdout);
+    ``partial`` adds ``--partial`` events (:func:`check_partial`).
 
     Nothing is created here: the file appears at the first cue, or at ``close``."""
     if fmt not in _FORMAT_CLASSES:
         raise UsageError(f"unknown format {fmt!r} (choose from {', '.join(FORMATS)})")
     check_output(output, overwrite)
+    if partial:
+        check_partial(output, fmt)
     track_format = _FORMAT_CLASSES[fmt](header, output)
     if _is_stdout(output):
         sink = _StreamSink(stream if stream is not None else sys.stdout, "stdout", owned=False)
@@ -599,7 +648,16 @@ def open_track(
         sink = _StreamSink(_open_device(output), output, owned=True)
     else:
         sink = _FileSink(output, overwrite)
-    return TrackWriter(track_format, sink)
+    return TrackWriter(track_format, sink, partial)
+
+
+def check_partial(output: str | None, fmt: str) -> None:
+    """``--partial`` events are lines of jsonl on a stream (stdout, a pipe or a device): a file
+    shows only finished cues, since it appears whole at its first one."""
+    if fmt not in _FORMAT_CLASSES or _FORMAT_CLASSES[fmt].partial is TrackFormat.partial:
+        raise UsageError(f"--partial needs -f jsonl (the format is {fmt})")
+    if not (_is_stdout(output) or _is_device(output)):
+        raise UsageError(f"--partial writes its events to a stream, not to the file {output}: use -o -")
 
 
 def _open_device(path: str) -> IO[str]:
