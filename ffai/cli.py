@@ -224,7 +224,7 @@ def caption(
         ),
     ] = None,
     fmt: Annotated[
-        Optional[str], typer.Option("-f", "--format", help="srt, vtt, json, jsonl or txt (default: from -o, else txt).")
+        Optional[str], typer.Option("-f", "--format", help="srt, vtt, json, jsonl, txt or html (default: from -o, else txt).")
     ] = None,
     fps: Annotated[float, typer.Option("--fps", help="Frames sampled per second of video.")] = 1.0,
     window: Annotated[int, typer.Option("--window", help="Consecutive samples captioned together as one cue.")] = 8,
@@ -326,6 +326,31 @@ def caption(
     )
     if failed:
         raise typer.Exit(1)
+
+
+@app.command()
+def sheet(
+    track: Annotated[str, typer.Argument(help="A JSON track written by `ffai caption -f json`.")],
+    output: Annotated[
+        Optional[str], typer.Option("-o", "--output", help="The page (html); '-' or none: stdout.")
+    ] = None,
+    source: Annotated[
+        Optional[str],
+        typer.Option("-i", "--input", help="The track's source video or image, if not where the track says."),
+    ] = None,
+    overwrite: Annotated[bool, typer.Option("-y", help="Overwrite an existing output.")] = False,
+    never_overwrite: Annotated[bool, typer.Option("-n", help="Never overwrite (the default).")] = False,
+    verbose: Verbose = False,
+    quiet: Quiet = False,
+) -> None:
+    """Make the contact sheet (html) of a JSON track from its source, without a model."""
+    from ffai import sheet as contact_sheet
+
+    _State.verbose = _State.verbose or verbose
+    _State.quiet = _State.quiet or quiet
+    if overwrite and never_overwrite:
+        raise UsageError("-y and -n contradict each other")
+    contact_sheet.build(track, output, overwrite=overwrite, source=source)
 
 
 def main(argv: Optional[List[str]] = None) -> None:
