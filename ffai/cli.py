@@ -226,6 +226,10 @@ def caption(
     fmt: Annotated[
         Optional[str], typer.Option("-f", "--format", help="srt, vtt, json, jsonl, txt or html (default: from -o, else txt).")
     ] = None,
+    partial: Annotated[
+        bool,
+        typer.Option("--partial", help="With -f jsonl on stdout: each cue's text so far, as generated, before the cue."),
+    ] = False,
     fps: Annotated[float, typer.Option("--fps", help="Frames sampled per second of video.")] = 1.0,
     window: Annotated[int, typer.Option("--window", help="Consecutive samples captioned together as one cue.")] = 8,
     start: Annotated[float, typer.Option("-ss", help="Start at this many seconds.")] = 0.0,
@@ -323,6 +327,7 @@ def caption(
         resume=resume,
         run_log=run_log,
         retries=retries,
+        partial=partial,
     )
     if failed:
         raise typer.Exit(1)

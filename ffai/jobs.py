@@ -11,6 +11,7 @@ an earlier run finished (``--resume``) and reports a failed input without stoppi
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
 from collections import defaultdict
@@ -20,7 +21,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 from ffai import inputs as input_specs
 from ffai import runlog
-from ffai.captioning import Captioner, CaptionOptions, ResolvedModel, resolve_model
+from ffai.captioning import Captioner, CaptionOptions, Progress, ResolvedModel, resolve_model
 from ffai.errors import FfaiError, OutputError, UsageError
 from ffai.input_events import Backend, InputEvent
 from ffai.media import MediaInfo
@@ -29,7 +30,9 @@ from ffai.tracks import (
     TrackHeader,
     TrackWriter,
     check_output,
+    check_partial,
     creation_time,
+    may_show_answers,
     open_track,
     resolve_format,
     wants_thumbnails,
@@ -119,6 +122,7 @@ def run_caption_jobs(
     run_log: str | None = None,
     retries: int = DEFAULT_RETRIES,
     backend: Backend | None = None,
+    partial: bool = False,
 ) -> int:
     """Caption every input; return how many failed. Raises only for errors that stop the
     whole run (bad flags, an unknown engine or model, outputs that may not be written, a
@@ -129,6 +133,11 @@ def run_caption_jobs(
     jobs = plan_jobs(input_specs.expand(inputs), output, fmt)
     # A track that shows the frames (html) needs thumbnails, made where the frames are.
     options = dataclasses.replace(options, thumbnails=any(wants_thumbnails(job.fmt) for job in jobs))
+    for job in jobs if partial else ():
+        check_partial(job.output, job.fmt)
+    # A track that shows answers as they are generated (txt on stdout, --partial) streams them.
+    stream = any(may_show_answers(job.output, job.fmt, partial) for job in jobs)
+    options = dataclasses.replace(options, stream_answers=stream)
     model = resolve_model(options)
     record_path = _record_path(jobs, output, run_log, resume)
     log = None
@@ -146,8 +155,9 @@ def run_caption_jobs(
             _make_folder(job.output)
         if not (job.overwrite or i in skip):
             check_output(job.output, False)
-    driver = _Driver(jobs, options, model, log, warn=warn, error=error, retries=retries)
-    with log if log is not None else nullcontext(), backend or LocalBackend(options) as active:
+    driver = _Driver(jobs, options, model, log, warn=warn, error=error, retries=retries, partial=partial)
+    local = LocalBackend(options, on_text=driver.show) if backend is None else None
+    with log if log is not None else nullcontext(), backend or local as active:
         for notice in active.notices:
             warn(notice)
         with _progress(progress, len(jobs), options) as bar:
@@ -244,8 +254,10 @@ class _Driver:
         warn: Callable[[str], None],
         error: Callable[[str], None],
         retries: int,
+        partial: bool = False,
     ) -> None:
         self.jobs = jobs
+        self.partial = partial
         self.options = options
         self.model = model
         self.log = log
@@ -301,7 +313,8 @@ class _Driver:
         self._record(i, "running", attempts=self.attempts[i])
         self._progress("started", info)
         try:
-            self.writers[i] = open_track(job.output, job.fmt, self._header(info), overwrite=job.overwrite)
+            header = self._header(info)
+            self.writers[i] = open_track(job.output, job.fmt, header, overwrite=job.overwrite, partial=self.partial)
         except FfaiError as e:
             self.broken[i] = e
 
@@ -318,6 +331,18 @@ class _Driver:
         self.cues[i] += 1
         self.jobs[i].overwrite = True  # the file is now this run's: a retry replaces it
         self._progress("cue")
+
+    def show(self, i: int, index: int, piece: str) -> None:
+        """A piece of input ``i``'s cue ``index`` as its answer is generated (``TrackWriter.show``);
+        called by the local backend while it captions, between the input's events."""
+        writer = self.writers.get(i)
+        if writer is None:
+            return
+        try:
+            writer.show(index, piece)
+        except FfaiError as e:
+            self._abort(i)
+            self.broken[i] = e
 
     def _end(self, i: int, event: InputEvent, reason: str | None) -> bool:
         job = self.jobs[i]
@@ -433,9 +458,11 @@ class LocalBackend:
     captioned, in a decoder child process of its own. A worker process that dies fails the
     input it was working on as transient and the next input starts a fresh pipeline."""
 
-    def __init__(self, options: CaptionOptions) -> None:
+    def __init__(self, options: CaptionOptions, on_text: Callable[[int, int, str], None] | None = None) -> None:
         self._captioner = Captioner(options)  # the cheap checks; nothing starts here
         self.notices = self._captioner.notices
+        # (job, cue index, piece) as answers are generated, with options.stream_answers
+        self._on_text = on_text
 
     def __enter__(self) -> LocalBackend:
         return self
@@ -457,7 +484,8 @@ class LocalBackend:
             # starts, and the rest of a corpus is not probed ahead of its turn.
             captioner.start(video=info.kind == "video")
             try:
-                for cue in captioner.captions(info):
+                shown = Progress(on_text=functools.partial(self._on_text, job)) if self._on_text else None
+                for cue in captioner.captions(info, shown):
                     yield InputEvent(job, "cue", cue=cue)
             except WorkerDied as e:
                 captioner.close()

@@ -92,6 +92,23 @@ class Cue:
 
 
 @dataclass(frozen=True)
+class Dropped:
+    """Consecutive windows of a live source skipped to keep up with it (``ffai.live``); json and
+    jsonl tracks list them among the cues, in timeline order."""
+
+    start_ms: int  # the first skipped window's start
+    end_ms: int  # the last one's end
+    windows: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.start_ms <= self.end_ms or self.windows < 1:
+            raise ValueError(f"bad dropped range {self.start_ms} ms → {self.end_ms} ms ({self.windows} windows)")
+
+    def as_object(self) -> dict:
+        return {"start": self.start_ms / 1000, "end": self.end_ms / 1000, "windows": self.windows}
+
+
+@dataclass(frozen=True)
 class TrackHeader:
     """What a track says about the run besides its cues (json: up to ``seed``; the html page
     shows the decoding options and the creation time too, when known)."""
@@ -181,6 +198,11 @@ class TrackFormat(abc.ABC):
         generated (``--partial``); None: this format has none."""
         return None
 
+    def dropped(self, gap: Dropped) -> str | None:
+        """What a dropped range adds to an appendable track; None: this format does not list
+        them (srt, vtt and txt have no place for a time range without a caption)."""
+        return None
+
     def streams_text(self) -> bool:
         """Whether a cue's block begins with its text as is, so that on a stream the text can be
         printed piece by piece as the answer is generated, and the block's rest after it."""
@@ -243,6 +265,9 @@ class JsonlFormat(TrackFormat):
     def partial(self, index: int, text: str) -> str:
         return json.dumps({"partial": True, "index": index, "text": text}, ensure_ascii=False) + "\n"
 
+    def dropped(self, gap: Dropped) -> str:
+        return json.dumps({"dropped": True, **gap.as_object()}, ensure_ascii=False) + "\n"
+
 
 class TxtFormat(TrackFormat):
     name = "txt"
@@ -261,6 +286,13 @@ class TxtFormat(TrackFormat):
 class JsonFormat(TrackFormat):
     name = "json"
     appendable = False
+
+    def __init__(self, header: TrackHeader, output: str | None = None) -> None:
+        super().__init__(header, output)
+        self.gaps: list[Dropped] = []  # dropped ranges, listed by every document from then on
+
+    def dropped(self, gap: Dropped) -> None:
+        self.gaps.append(gap)
 
     def block(self, cue: Cue) -> str:
         # never appended: the whole document is rewritten per cue; a cue alone is its object
@@ -281,6 +313,8 @@ class JsonFormat(TrackFormat):
             },
             "cues": [_cue_object(cue) for cue in cues],
         }
+        if self.gaps:  # a live source that could not be kept up with: what was skipped
+            doc["dropped"] = [gap.as_object() for gap in self.gaps]
         return json.dumps(doc, ensure_ascii=False, indent=2) + "\n"
 
 
@@ -357,6 +391,14 @@ FORMATS: tuple = tuple(_FORMAT_CLASSES)  # ("srt", "vtt", "json", "jsonl", "txt"
 def wants_thumbnails(fmt: str) -> bool:
     """Whether a track in ``fmt`` shows its cues' frames (``Cue.thumbnails``)."""
     return _FORMAT_CLASSES[fmt].wants_thumbnails
+
+
+def may_show_answers(output: str | None, fmt: str, partial: bool) -> bool:
+    """Whether a track may show answers while they are generated (``TrackWriter.show``), known
+    before its input is probed: on a stream, with ``--partial`` or in a format whose blocks may
+    begin with the cue's text (a still's txt)."""
+    streams = _FORMAT_CLASSES[fmt].streams_text is not TrackFormat.streams_text
+    return (_is_stdout(output) or _is_device(output)) and (partial or streams)
 
 
 def _is_stdout(output: str | None) -> bool:
@@ -571,9 +613,12 @@ class TrackWriter:
     @property
     def cues_written(self) -> int:
         return self._count
-    def write(self, cue: Cue) -> None:
+    def write(self, cue: Cue | Dropped) -> None:
         if self._done:
             raise ValueError("write to a closed track")
+        if isinstance(cue, Dropped):
+            self._write_dropped(cue)
+            return
         fmt, sink = self._format, self._sink
         block = fmt.block(cue)
         shown = self._shown.pop(cue.index, "")
@@ -587,6 +632,20 @@ class TrackWriter:
             self._cues.append(cue)
             if sink.rewritable:
                 sink.publish(fmt.document(self._cues), keep_open=False)
+        self._count += 1
+
+    def _write_dropped(self, gap: Dropped) -> None:
+        fmt, sink = self._format, self._sink
+        text = fmt.dropped(gap)
+        if fmt.appendable:
+            if text is None:
+                return
+            if self._count == 0:
+                sink.publish(fmt.head + text, keep_open=True)
+            else:
+                sink.append(text)
+        elif sink.rewritable:
+            sink.publish(fmt.document(self._cues), keep_open=False)
         self._count += 1
 
     def close(self) -> None:
