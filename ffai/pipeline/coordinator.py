@@ -197,9 +197,18 @@ class Coordinator:
 
     # -- requests -------------------------------------------------------------------------
 
-    def submit(self, request_id: Hashable, payload: Any, *, timeout: float | None = None) -> RequestFuture:
-        """Send a request to the entry stage; block while ``max_in_flight`` are in flight."""
-        return self._submit(request_id, payload, timeout).future
+    def submit(
+        self,
+        request_id: Hashable,
+        payload: Any,
+        *,
+        timeout: float | None = None,
+        on_chunk: Callable[[Any], None] | None = None,
+    ) -> RequestFuture:
+        """Send a request to the entry stage; block while ``max_in_flight`` are in flight.
+        ``on_chunk`` takes the request's stream chunks, on the pump thread, before its future
+        finishes (for a caller with its own loop; ``as_completed`` delivers them on its own)."""
+        return self._submit(request_id, payload, timeout, on_chunk=on_chunk).future
 
     def stream(self, request_id: Hashable, payload: Any, *, timeout: float | None = None) -> RequestStream:
         chunks: queue.Queue[Any] = queue.Queue()
