@@ -9,6 +9,8 @@ contract in ``ffai.engine``.
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,12 +18,12 @@ from typing import Callable, Hashable, Iterable, Iterator, Sequence
 
 from PIL import Image
 
-from ffai import cpu, media, models, registry, sheet
+from ffai import cpu, live, media, models, registry, sheet
 from ffai.engine import Answer, DecodingOptions, DescribeRequest, Engine, RuntimeOptions, StageSpec
 from ffai.errors import UsageError
 from ffai.pipeline import Coordinator, PipelineConfig, PipelineError, ProcessConfig, StageConfig
 from ffai.streaming import StrippedPieces
-from ffai.tracks import Cue
+from ffai.tracks import Cue, Dropped
 from ffai.windows import Window, check_window, make_windows
 
 PLACEMENTS = ("auto", "inline", "workers")
@@ -48,12 +50,20 @@ class CaptionOptions:
     # Cues carry small pictures of their frames (Cue.thumbnails), for a track that shows them
     # (the html contact sheet); made where the frames are, so no frame outlives its window.
     thumbnails: bool = False
+    # A live source (media.is_live) only: windows that fall more than this many seconds behind
+    # it are dropped (None: --no-drop, every window captioned); ffai.live has the rule.
+    max_lag: float | None = live.DEFAULT_MAX_LAG_S
+    # A live source that delivers no video for this many seconds has stalled (an error).
+    stall_timeout: float = media.STALL_TIMEOUT_S
 
     def __post_init__(self) -> None:
         if self.max_in_flight < 1:
             raise UsageError("--max-in-flight must be at least 1")
         media.check_sampling(self.fps, self.start, self.duration, self.max_frames)
         check_window(self.window)
+        live.check_max_lag(self.max_lag)
+        if not (math.isfinite(self.stall_timeout) and self.stall_timeout > 0):
+            raise UsageError(f"--stall-timeout must be a number of seconds > 0, got {self.stall_timeout:g}")
         if self.placement not in PLACEMENTS:
             raise UsageError(f"--placement must be one of {', '.join(PLACEMENTS)}, got {self.placement!r}")
 
@@ -176,7 +186,7 @@ class Captioner:
             self.engine.stages(), self.model_dir, options.runtime, self.cores, stream=options.stream_answers
         )
         # Each input is read in a child process of its own: a decoder crash fails that input alone.
-        self.decoder = media.Decoder()
+        self.decoder = media.Decoder(stall_timeout=options.stall_timeout)
         self._pipe: Coordinator | None = None
 
     def start(self, *, video: bool | None = None) -> "Captioner":
@@ -220,9 +230,11 @@ class Captioner:
         for future in self._running().as_completed(requests, on_chunk=on_chunk):
             yield future.request_id, future.result()
 
-    def captions(self, info: media.MediaInfo, progress: Progress | None = None) -> Iterator[Cue]:
+    def captions(self, info: media.MediaInfo, progress: Progress | None = None) -> Iterator[Cue | Dropped]:
         """Cues for one probed input, in timeline order, each with its answer's token ids (and
-        pictures of its frames with ``options.thumbnails``). A still gives one cue at 0."""
+        pictures of its frames with ``options.thumbnails``). A still gives one cue at 0. A live
+        source (``info.live``) also gives a ``Dropped`` for each run of windows skipped to keep
+        within ``options.max_lag``, in its place in the timeline (``ffai.live``)."""
         progress = progress or Progress()
         if info.kind == "image":
             image = self.decoder.load_image(info.path)
@@ -232,7 +244,34 @@ class Captioner:
             ((_, answer),) = self.answers([(0, request)], on_text)
             yield _emit(answered_cue(timing, answer), progress)
             return
+        if info.live:
+            yield from self._live_cues(info, progress)
+            return
         yield from self._video_cues(info, progress)
+
+    def _live_cues(self, info: media.MediaInfo, progress: Progress) -> Iterator[Cue | Dropped]:
+        # Windows go to the model as it has room (ffai.live); cues are numbered in output order,
+        # skipped windows taking no number, and a window's number is known when it is submitted.
+        o, pipe = self.options, self._running()
+        timing: dict[int, Cue] = {}  # the windows in flight
+        numbers = itertools.count(1)
+        windows = live.LiveWindows(self._frames(info, progress), o.window, o.fps, o.max_lag)
+        on_text = _CueText(progress, lambda window: timing[window].index) if progress.on_text else None
+
+        def submit(request_id: int, window: Window, sink) -> object:
+            cue_timing = window_cue_timing(window, o.thumbnails)
+            timing[request_id] = dataclasses.replace(cue_timing, index=next(numbers))
+            return pipe.submit(request_id, window_request(window, o), on_chunk=sink)
+
+        on_chunk = on_text if o.stream_answers else None
+        for item in live.live_answers(windows, submit, pipe.abort, o.max_in_flight, on_chunk):
+            if isinstance(item, Dropped):
+                yield item
+                continue
+            window, answer = item
+            if on_text:
+                on_text.end(window.index)
+            yield _emit(answered_cue(timing.pop(window.index), answer), progress)
 
     def _video_cues(self, info: media.MediaInfo, progress: Progress) -> Iterator[Cue]:
         # Windows are submitted as they are decoded, at most max_in_flight at once; they may

@@ -263,6 +263,20 @@ def caption(
         ),
     ] = "auto",
     max_in_flight: Annotated[int, typer.Option("--max-in-flight", help="Windows in the pipeline at once.")] = 2,
+    max_lag: Annotated[
+        Optional[float],
+        typer.Option(
+            "--max-lag",
+            help="Live sources: drop whole windows that fall this many seconds behind the source (default 10).",
+        ),
+    ] = None,
+    no_drop: Annotated[
+        bool, typer.Option("--no-drop", help="Live sources: caption every window; decoding pauses while the model works.")
+    ] = False,
+    stall_timeout: Annotated[
+        Optional[float],
+        typer.Option("--stall-timeout", help="Live sources: no video for this many seconds is an error (default 10)."),
+    ] = None,
     overwrite: Annotated[bool, typer.Option("-y", help="Overwrite existing outputs.")] = False,
     never_overwrite: Annotated[
         bool, typer.Option("-n", help="Never overwrite existing outputs (the default).")
@@ -312,6 +326,7 @@ def caption(
         runtime=RuntimeOptions(dtype=dtype, device=device, threads=threads),
         max_in_flight=max_in_flight,
         placement=placement,
+        **_live_options(max_lag, no_drop, stall_timeout),
     )
     show_progress = sys.stderr.isatty() if progress is None else progress
     failed = jobs.run_caption_jobs(
@@ -356,6 +371,14 @@ def sheet(
     if overwrite and never_overwrite:
         raise UsageError("-y and -n contradict each other")
     contact_sheet.build(track, output, overwrite=overwrite, source=source)
+
+
+def _live_options(max_lag: float | None, no_drop: bool, stall_timeout: float | None) -> dict:
+    """CaptionOptions' live-source fields from their flags; left out, the defaults hold."""
+    if no_drop and max_lag is not None:
+        raise UsageError("--max-lag and --no-drop contradict each other")
+    chosen = {"max_lag": None} if no_drop else {} if max_lag is None else {"max_lag": max_lag}
+    return chosen if stall_timeout is None else {**chosen, "stall_timeout": stall_timeout}
 
 
 def main(argv: Optional[List[str]] = None) -> None:
