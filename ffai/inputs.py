@@ -2,7 +2,8 @@
 run's inputs in a stable order, each with the root it was found under (``{reldir}`` in an
 output pattern is the input's folder relative to that root).
 
-- A file is itself; its root is its own folder.
+- A file is itself; its root is the working folder when the file is below it (so ``{reldir}``
+  is the folder as given: ``a/clip.mp4`` and ``b/clip.mp4`` stay apart), else its own folder.
 - A folder is every regular, non-hidden file below it (hidden folders are not entered), in
   sorted order, except caption tracks (the extensions ffai writes), so outputs written into
   the tree are not read back as inputs. Files are not probed here: probing every file of a
@@ -75,8 +76,14 @@ def _from_path(spec: str, base: str | None) -> list[Input]:
     if os.path.isdir(path):
         return _from_folder(path)
     if os.path.lexists(path) or not (_GLOB_CHARS & set(spec)):
-        return [Input(path, os.path.dirname(path))]  # a missing file fails alone, in its probe
+        return [Input(path, _file_root(path))]  # a missing file fails alone, in its probe
     return _from_glob(spec, path)
+
+
+def _file_root(path: str) -> str:
+    here = os.getcwd()
+    folder = os.path.dirname(os.path.abspath(path))
+    return "." if os.path.commonpath([here, folder]) == here else os.path.dirname(path)
 
 
 def _from_folder(folder: str) -> list[Input]:
@@ -94,8 +101,8 @@ def _files_below(folder: str) -> list[str]:
             path = os.path.join(parent, name)
             if not name.startswith(".") and os.path.isfile(path) and not _is_track(name):
                 found.append(path)
-    # Sorted by path components, so a folder's files come before its subfolders' in the same
-    # order on every filesystem.
+    # Sorted by path components, not as strings ("b/2.mp4" before "b10"), so each folder's
+    # files stay together, in the same order on every filesystem.
     return sorted(found, key=lambda p: os.path.relpath(p, folder).split(os.sep))
 
 
