@@ -88,7 +88,7 @@ def _fill(pattern: str, item: input_specs.Input) -> str:
     stem, _ = os.path.splitext(os.path.basename(p))
     try:
         filled = pattern.format(
-            stem=stem, name=os.path.basename(p), parent=os.path.dirname(p), reldir=input_specs.reldir(item)
+            stem=stem, name=os.path.basename(p), parent=os.path.dirname(p) or ".", reldir=input_specs.reldir(item)
         )
     except (KeyError, IndexError, ValueError) as e:
         fields = ", ".join(PATTERN_FIELDS)

@@ -67,7 +67,10 @@ def model_digests(folder: Path) -> dict[str, str]:
         except ModelError:  # not on this machine: not the folder in use
             continue
     digests = {}
-    for path in sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".")):
+    # Hidden files and folders are left out: a download tool's own bookkeeping (huggingface_hub
+    # keeps .cache/huggingface/ in a --local-dir) changes without the model changing.
+    files = (p for p in folder.rglob("*") if p.is_file())
+    for path in sorted(p for p in files if not any(part.startswith(".") for part in p.relative_to(folder).parts)):
         name = path.relative_to(folder).as_posix()
         size = path.stat().st_size
         if name in pinned and pinned[name][0] == size:

@@ -158,3 +158,13 @@ def test_run_log_flag_puts_the_record_where_asked_also_for_one_input(capsys, cor
     assert code == 0, capsys.readouterr().err
     assert [(e["kind"], e.get("status")) for e in lines_of(log)] == [("run", None), ("input", "running"), ("input", "done")]
     assert not (tmp_path / "ffai-run.jsonl").exists()
+
+
+def test_parent_of_a_bare_file_name_is_the_working_folder(tmp_path, monkeypatch):
+    from ffai.jobs import plan_jobs
+
+    monkeypatch.chdir(tmp_path)
+    found = inputs.expand(["clip.mp4", "sub/clip.mp4"])
+    jobs = plan_jobs(found, "{parent}/{stem}.srt", None)
+    assert [j.output for j in jobs] == ["clip.srt", "sub/clip.srt"]
+    assert [j.output for j in plan_jobs(found, "out/{reldir}/{name}.vtt", None)] == ["out/clip.mp4.vtt", "out/sub/clip.mp4.vtt"]
