@@ -168,3 +168,14 @@ def test_parent_of_a_bare_file_name_is_the_working_folder(tmp_path, monkeypatch)
     jobs = plan_jobs(found, "{parent}/{stem}.srt", None)
     assert [j.output for j in jobs] == ["clip.srt", "sub/clip.srt"]
     assert [j.output for j in plan_jobs(found, "out/{reldir}/{name}.vtt", None)] == ["out/clip.mp4.vtt", "out/sub/clip.mp4.vtt"]
+
+
+def test_events_for_stdout_come_one_input_after_another_in_job_order():
+    from ffai.input_events import InputEvent
+    from ffai.jobs import _in_job_order
+
+    # A backend running inputs 0, 1 and 2 side by side (as on Ray), 2 failing before it starts.
+    arrived = [(1, "start"), (0, "start"), (1, "cue"), (2, "failed"), (0, "cue"), (1, "done"), (0, "done")]
+    events = [InputEvent(job, kind) for job, kind in arrived]
+    ordered = [(e.job, e.kind) for e in _in_job_order(events, [0, 1, 2])]
+    assert ordered == [(0, "start"), (0, "cue"), (0, "done"), (1, "start"), (1, "cue"), (1, "done"), (2, "failed")]
