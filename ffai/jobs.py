@@ -172,12 +172,12 @@ def run_caption_jobs(
 def _record_path(jobs: list[Job], output: str | None, run_log: str | None, resume: bool) -> str | None:
     """Where the run record goes: ``--run-log``, else beside the outputs when the run has
     several inputs or resumes (``ffai-run.jsonl`` in the folder the -o pattern starts in)."""
-    if run_log is not None:
-        return run_log
     if not all(job.to_file for job in jobs):
         if resume:
             raise UsageError("--resume needs outputs in files (-o with a pattern such as '{stem}.srt')")
-        return None
+        return run_log
+    if run_log is not None:
+        return run_log
     if len(jobs) == 1 and not resume:
         return None
     fixed = (output or "").split("{", 1)[0]
