@@ -14,8 +14,11 @@ Conventions:
   kept once. Comparisons allow ``TIME_EPS`` so a frame stamped exactly on a deadline counts.
 - Rotation from the stream's display matrix is applied (multiples of 90 degrees, like
   ffmpeg's autorotate); flips in the matrix and non-square sample aspect ratios are not.
-- Animated GIF/WebP/APNG files are images: the first frame. A still that only FFmpeg can read
-  (e.g. EXR) is a one-frame video.
+- Animated GIF, APNG and WebP files are video, as ffmpeg treats them (a one-frame one is a
+  still): Pillow decodes all three (FFmpeg's webp decoder refuses animated WebP), each frame
+  timed by the durations of those before it (``_frame_ms``), upright, and RGB8 with any
+  transparency composited onto white, the pixels the engine makes of the same picture as a
+  still (``_opaque``). A still that only FFmpeg can read (e.g. EXR) is a one-frame video.
 - A still is returned upright (EXIF orientation applied) in the mode Pillow read it (RGBA, LA,
   P with its transparency, 16-bit, float, CMYK ...), with no colour conversion: the engine
   converts it once, as its reference does (SmolVLM composites transparency onto white), so
@@ -150,6 +153,8 @@ def probe(path: str | Path) -> MediaInfo:
             if _exif_orientation(file, image) in _EXIF_SWAPS_AXES:
                 width, height = height, width
             _verify(file)
+            if _is_animated(file, image):
+                return MediaInfo(file, "video", width, height, _animation_duration(file, image))
             return MediaInfo(file, "image", width, height, None)
     return _probe_video(file)
 
@@ -280,6 +285,64 @@ def _verify(file: Path) -> None:
             image.verify()
     except Exception as e:  # Pillow raises many types for a corrupt file
         raise MediaError(f"{file}: corrupt image: {e}") from e
+
+
+# A frame that claims under this long (a GIF delay of 0 or 1 hundredth, common in files made
+# without one) is shown for _DEFAULT_FRAME_MS, as FFmpeg's GIF demuxer and browsers show it.
+_MIN_FRAME_MS = 20
+_DEFAULT_FRAME_MS = 100
+
+
+def _is_animated(file: Path, image: Image.Image) -> bool:
+    """More than one frame: an animated GIF, APNG or WebP (Pillow counts them from the headers)."""
+    try:
+        return getattr(image, "n_frames", 1) > 1
+    except Exception as e:  # Pillow raises many types for a corrupt file (IndexError too)
+        raise MediaError(f"{file}: corrupt image: {e}") from e
+
+
+def _frame_ms(image: Image.Image) -> float:
+    """How long the frame `image` is seeked to is shown, in milliseconds (Pillow's ``duration``;
+    WebP knows it only once the frame is decoded)."""
+    if image.info.get("duration") is None:
+        image.load()
+    ms = image.info.get("duration") or 0
+    return ms if ms >= _MIN_FRAME_MS else _DEFAULT_FRAME_MS
+
+
+def _animation(file: Path, image: Image.Image, *, decode: bool = True) -> Iterator[tuple[float, Image.Image]]:
+    """(time, `image` seeked to the frame) for each frame of an animation, a frame's time the
+    durations of those before it (summed in ms, so times are as exact as the file's). The image
+    is the same object each time, a whole picture (Pillow applies each frame's disposal and
+    blending): take what is needed before the next. ``decode=False`` reads only what timing
+    needs."""
+    elapsed_ms = 0.0
+    for index in itertools.count():
+        try:
+            image.seek(index)
+            if decode:
+                image.load()
+            ms = _frame_ms(image)
+        except EOFError:
+            return
+        except Exception as e:  # as _is_animated
+            raise MediaError(f"{file}: cannot decode frame {index + 1}: {e}") from e
+        yield elapsed_ms / 1000, image
+        elapsed_ms += ms
+
+
+def _animation_duration(file: Path, image: Image.Image) -> float:
+    """Seconds from the first frame to the end of the last."""
+    return sum(_frame_ms(frame) for _, frame in _animation(file, image, decode=False)) / 1000
+
+
+def _opaque(image: Image.Image) -> Image.Image:
+    """RGB8: transparency composited onto white, as the engine converts a still (its reference's
+    ``convert_to_rgb``), so a frame reaches the model as the same picture would as a still."""
+    if "A" in image.getbands() or image.info.get("transparency") is not None:
+        rgba = image.convert("RGBA")
+        return Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba).convert("RGB")
+    return image.convert("RGB")
 
 
 # ---------------------------------------------------------------------------- video
@@ -435,9 +498,11 @@ def _display_size(frame: av.VideoFrame) -> tuple[int, int]:
 _TURNS = {1: Image.Transpose.ROTATE_90, 2: Image.Transpose.ROTATE_180, 3: Image.Transpose.ROTATE_270}
 
 
-def _to_image(frame: av.VideoFrame) -> Image.Image:
+def _to_image(frame: av.VideoFrame | Image.Image) -> Image.Image:
     """RGB8, upright. swscale converts any pixel format (10-bit included) using the frame's
-    own colourspace and range."""
+    own colourspace and range; a frame of an animated image is Pillow's (``_animation``)."""
+    if isinstance(frame, Image.Image):
+        return _opaque(ImageOps.exif_transpose(frame))
     image = frame.to_image()
     turns = _quarter_turns(frame)
     return image.transpose(_TURNS[turns]) if turns else image
@@ -564,6 +629,9 @@ def _positioned(
 
 def _sample(file: Path, fps: float, start: float, duration: float | None, max_frames: int | None) -> Iterator[Frame]:
     with _open_still(file) as image:
+        if image is not None and _is_animated(file, image):
+            yield from _pick(_animation(file, image), fps, start, duration, max_frames)
+            return
         is_still = image is not None
     if is_still:
         if start <= TIME_EPS:
@@ -673,21 +741,32 @@ def _live(conn, source: str, fd: int | None, settings: list) -> Iterator[MediaIn
 
 def _frames_at(file: Path, times: tuple[float, ...], tolerance: float) -> Iterator[Frame]:
     with _open_still(file) as image:
-        if image is not None:
+        if image is not None and not _is_animated(file, image):
             raise MediaError(f"{file}: a still image, not a video")
-    if not times:
-        return
+        if not times:
+            return
+        if image is not None:
+            yield from _first_at(_animation(file, image), times, tolerance)
+            return
+    with _open_video(file) as (container, stream):
+        start = max(0.0, times[0] - tolerance)
+        yield from _first_at(_positioned(file, container, stream, start, _origin(stream)), times, tolerance)
+
+
+def _first_at(
+    frames: Iterator[tuple[float, av.VideoFrame | Image.Image]], times: tuple[float, ...], tolerance: float
+) -> Iterator[Frame]:
+    """For each of ``times``, the first of the timed ``frames`` at or after it (``frames_at``)."""
     pending = iter(times)
     target = next(pending)
-    with _open_video(file) as (container, stream):
-        for time, frame in _positioned(file, container, stream, max(0.0, times[0] - tolerance), _origin(stream)):
-            picture = None
-            while time >= target - tolerance - TIME_EPS:
-                picture = picture or Frame(time, _to_image(frame))
-                yield picture
-                target = next(pending, None)
-                if target is None:
-                    return
+    for at, frame in frames:
+        picture = None
+        while at >= target - tolerance - TIME_EPS:
+            picture = picture or Frame(at, _to_image(frame))
+            yield picture
+            target = next(pending, None)
+            if target is None:
+                return
 
 
 # ---------------------------------------------------------------------------- isolation

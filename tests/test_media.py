@@ -456,16 +456,6 @@ def test_exif_orientation_keeps_the_mode_and_transparency(tmp_path):
     assert image.getpixel((image.width - 3, 2)) == (200, 255) and image.getpixel((2, 2)) == (0, 0)
 
 
-def test_animated_gif_is_its_first_frame(tmp_path):
-    frames = [Image.new("RGB", (16, 12), c) for c in [(255, 0, 0), (0, 0, 255)]]
-    path = tmp_path / "anim.gif"
-    frames[0].save(path, save_all=True, append_images=frames[1:], duration=100)
-    assert media.probe(path).kind == "image"
-    first = media.load_image(path)
-    _same_image(first, path)  # Pillow's first frame, in its own (palette) mode
-    assert_colour(first.convert("RGB").getpixel((0, 0)), (255, 0, 0), tolerance=8)
-
-
 def test_an_image_samples_as_one_frame_at_zero(tmp_path):
     path = save(Image.new("RGB", (30, 20), (9, 8, 7)), tmp_path / "still.png")
     frames = list(media.sample_frames(path, 2))

@@ -146,6 +146,8 @@ if media.encoder_available("libvpx-vp9"):
     VIDEOS["webm_vp9.webm"] = _clip("libvpx-vp9")
 
 SAMPLES = {**STILLS, **VIDEOS}
+# Image files of several frames among STILLS: ffai reads them as video (ffai.media).
+ANIMATED = ("gif_animated.gif", "webp_animated.webp")
 
 
 def sample_name(filename: str) -> str:
