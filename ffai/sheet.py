@@ -125,7 +125,7 @@ dl.facts dd { margin: 0; overflow-wrap: anywhere; white-space: pre-wrap; }
 .tools input { font: inherit; padding: .3rem .5rem; min-width: 16rem; color: var(--fg); background: var(--card);
   border: 1px solid var(--line); border-radius: 4px; }
 .tools output { color: var(--muted); font-size: .9rem; }
-main { display: grid; grid-template-columns: repeat(auto-fill, minmax(min(100%, 34rem), 1fr)); gap: .75rem; }
+main { display: grid; grid-template-columns: repeat(auto-fill, minmax(min(100%, 30rem), 1fr)); gap: .75rem; }
 article.cue { background: var(--card); border: 1px solid var(--line); border-radius: 6px; padding: .6rem .75rem;
   cursor: pointer; }
 article.cue:focus-visible, article.cue.current { outline: 2px solid var(--accent); outline-offset: 1px; }
