@@ -15,7 +15,8 @@ source is referred to by a path relative to the page; without it the page still 
 Size: a thumbnail fits a ``THUMB_SIDE`` square and at most ``THUMB_MAX_BYTES`` (JPEG quality
 steps down until it does), at most ``MAX_THUMBS`` per cue, so a cue adds at most about
 ``4 * 4/3 * THUMB_MAX_BYTES`` bytes (base64) plus its text: a 10-minute clip at ``--fps 2
---window 8`` (75 cues) stays under 4 MB whatever it shows.
+--window 8`` (150 cues) stays near 4 MB whatever it shows, and real footage, whose thumbnails
+rarely reach the budget, well under it.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ from ffai.tracks import (
 MAX_THUMBS = 4  # per cue, spread over its window
 THUMB_SIDE = 200  # px: a video thumbnail fits this square (200 wide for landscape frames)
 STILL_SIDE = 480  # px: a still's one picture may be larger
-THUMB_MAX_BYTES = 10_000  # per video thumbnail (JPEG): the page-size bound of the docstring
+THUMB_MAX_BYTES = 5_000  # per video thumbnail (JPEG): the page-size bound of the docstring
 STILL_MAX_BYTES = 60_000
 _QUALITIES = (75, 60, 45, 30, 20)
 # JSON tracks hold frame times rounded to whole milliseconds: the frame they name is within
