@@ -255,7 +255,8 @@ class Captioner:
         o, pipe = self.options, self._running()
         timing: dict[int, Cue] = {}  # the windows in flight
         numbers = itertools.count(1)
-        windows = live.LiveWindows(self._frames(info, progress), o.window, o.fps, o.max_lag)
+        frames = self._frames(info, progress)
+        windows = live.LiveWindows(frames, o.window, o.fps, o.max_lag, name=media.source_label(info.path))
         on_text = _CueText(progress, lambda window: timing[window].index) if progress.on_text else None
 
         def submit(request_id: int, window: Window, sink) -> object:

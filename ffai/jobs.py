@@ -24,7 +24,7 @@ from ffai import runlog
 from ffai.captioning import Captioner, CaptionOptions, Progress, ResolvedModel, resolve_model
 from ffai.errors import FfaiError, OutputError, UsageError
 from ffai.input_events import Backend, InputEvent
-from ffai.media import MediaInfo
+from ffai.media import MediaInfo, is_live
 from ffai.pipeline import WorkerDied
 from ffai.tracks import (
     TrackHeader,
@@ -474,6 +474,8 @@ class LocalBackend:
         captioner = self._captioner
         for job, source in inputs:
             began = time.monotonic()
+            if is_live(source):  # a stream waits for no one: load the model before opening it
+                captioner.start(video=True)
             try:
                 info = captioner.decoder.probe(source)
             except FfaiError as e:

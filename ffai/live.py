@@ -68,9 +68,11 @@ class LiveWindows:
         fps: float,
         max_lag: float | None,
         *,
+        name: str = "the source",
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         check_max_lag(max_lag)
+        self.name = name  # for messages
         self.max_lag = max_lag
         self.cond = threading.Condition()
         self.ended = False
@@ -247,7 +249,7 @@ def live_answers(
                 while True:
                     pieces = list(chunks)
                     chunks.clear()
-                    in_flight = sum(isinstance(s, _Slot) and not s.future.done() for s in order)
+                    in_flight = sum(isinstance(s, _Slot) and not (s.future and s.future.done()) for s in order)
                     if in_flight < max_in_flight:
                         drops, window = windows.take()
                         order.extend(drops)
@@ -270,15 +272,16 @@ def live_answers(
                 new.future.add_done_callback(wake)
             elif not pieces and not ready:
                 break
-        if windows.error is not None:
-            raise windows.error
         if windows.dropped_windows:
             log.warning(
-                "dropped %d window(s), %.1f s of the stream, to keep within --max-lag %g s (listed in json/jsonl tracks)",
+                "%s: dropped %d window(s), %.1f s of the stream, to keep within --max-lag %g s (json/jsonl tracks list them)",
+                windows.name,
                 windows.dropped_windows,
                 windows.dropped_seconds,
                 windows.max_lag,
             )
+        if windows.error is not None:
+            raise windows.error
     finally:
         windows.close()
         for item in order:

@@ -671,6 +671,8 @@ def _pick(
 # timeline goes on one nominal frame period after the previous frame. ffmpeg's own threshold
 # for formats with discontinuous timestamps (-dts_delta_threshold) is the same 10 s.
 DISCONTINUITY_S = 10.0
+# How much of a live stream FFmpeg reads to learn its parameters before the first frame.
+ANALYZE_S = 1.0
 # A live decoder child tells the parent at most this often that video is still arriving, so a
 # source is not taken for stalled between two samples far apart (a low --fps).
 _TICK_S = 0.2
@@ -706,9 +708,13 @@ def _open_stream(source: str, fd: int | None) -> Iterator[tuple[av.container.Inp
     name, through FFmpeg's protocols. Nothing here seeks."""
     label = source_label(source)
     url = f"pipe:{fd}" if fd is not None else source
-    # FFmpeg ends a udp:// read with an error when its receive buffer overruns (the model held
-    # decoding back, --no-drop); losing those packets instead is the documented cost.
-    options = {"overrun_nonfatal": "1"} if url.startswith("udp:") else {}
+    # FFmpeg reads up to 5 s of a stream to learn its streams' parameters; on a live source
+    # that is 5 s before the first caption, and ANALYZE_S finds a frame rate just as well.
+    options = {"analyzeduration": str(round(ANALYZE_S * 1_000_000))}
+    if url.startswith("udp:"):
+        # FFmpeg ends a udp:// read with an error when its receive buffer overruns (the model
+        # held decoding back, --no-drop); losing those packets instead is the documented cost.
+        options["overrun_nonfatal"] = "1"
     try:
         container = av.open(url, metadata_errors="ignore", container_options=options)
     except av.error.ProtocolNotFoundError as e:
@@ -972,8 +978,9 @@ class _Child:
     def __init__(self, decoder: Decoder, op: str, file: Path | str, args: tuple = (), fds: tuple[int, ...] = ()) -> None:
         self.decoder, self.file = decoder, source_label(file)
         self.live = op == "live"
-        # A live source has no answer to wait for but the next video: silence is a stall.
-        self.step_timeout = decoder.stall_timeout if self.live else decoder.step_timeout
+        # A live source has no answer to wait for but the next video: silence is a stall. Its
+        # first answer, the probe, also waits for the ANALYZE_S of stream FFmpeg reads first.
+        self.step_timeout = decoder.stall_timeout + ANALYZE_S if self.live else decoder.step_timeout
         self.server = _server()
         try:
             self.pid, self.conn = self.server.fork((op, file, args), fds)
@@ -1016,6 +1023,8 @@ class _Child:
                 self.heard = time.monotonic()
                 continue
             self.asked = None
+            if self.live:
+                self.step_timeout = self.decoder.stall_timeout
             if kind == "answer":
                 self.busy += rest[1]
                 return rest[0]
@@ -1028,7 +1037,7 @@ class _Child:
 
     def _timeout_message(self, step: bool) -> str:
         if step and self.live:
-            return f"{self.file}: the source stalled: no video for {self.step_timeout:g} s (--stall-timeout)"
+            return f"{self.file}: the source stalled: no video for {self.decoder.stall_timeout:g} s (--stall-timeout)"
         limit = f"{self.step_timeout:g} s" if step else "the file's time budget"
         return f"{self.file}: decoding stopped: the decoder gave no answer within {limit}"
 
