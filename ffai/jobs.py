@@ -330,7 +330,7 @@ class _Driver:
             return
         self.cues[i] += 1
         self.jobs[i].overwrite = True  # the file is now this run's: a retry replaces it
-        self._progress("cue")
+        self._progress("cue", event.cue)
 
     def show(self, i: int, index: int, piece: str) -> None:
         """A piece of input ``i``'s cue ``index`` as its answer is generated (``TrackWriter.show``);
