@@ -7,8 +7,9 @@ waiting window whenever it has room (``max_in_flight``).
 
 How far behind the model is: the *source clock* is the stream time the source has reached,
 estimated as the first sample's time plus the wall time since it arrived (a live source runs in
-real time), but never past the newest sample read (a source slower than real time is not
-counted as ahead of what it sent). A waiting window's *lag* is the source clock minus the
+real time), but never past the newest sample read while the source goes on (a source slower
+than real time is not counted as ahead of what it sent), and never behind it once it has ended
+(the windows still waiting then go on aging, so they too are dropped when too late). A waiting window's *lag* is the source clock minus the
 window's end. With ``max_lag`` set, a waiting window whose lag exceeds it is dropped whole,
 never in part, when a new window arrives and when the model next has room; consecutive dropped
 windows make one ``Dropped`` range, given in timeline order between the cues. Windows already
@@ -41,9 +42,9 @@ from ffai.windows import TimedFrame, Window, make_windows
 
 log = logging.getLogger(__name__)
 
-# --max-lag's default: twice the default window's 8 s would drop from a model that keeps up on
-# average but finishes a window late now and then; 10 s covers one default window of jitter and
-# keeps a model that cannot keep up (SmolVLM-256M on a few cores) within seconds of the source.
+# --max-lag's default: more than one default window (8 s at --fps 1 --window 8), so a model that
+# keeps up on average never drops, yet one that cannot (SmolVLM-256M on a few cores) stays within
+# seconds of the source instead of falling further behind with every window.
 DEFAULT_MAX_LAG_S = 10.0
 
 
@@ -106,11 +107,14 @@ class LiveWindows:
     # -- the source clock -------------------------------------------------------------------
 
     def source_time(self) -> float:
-        """The stream time the source has reached (-inf before its first sample)."""
+        """The stream time the source has reached (-inf before its first sample): it runs in
+        real time from the first sample, never ahead of the newest sample while the source goes
+        on, and never behind it once the source has ended (its last windows still age)."""
         if self._anchor is None:
             return -math.inf
         first, wall = self._anchor
-        return min(first + (self._clock() - wall), self._newest)
+        real_time = first + (self._clock() - wall)
+        return max(real_time, self._newest) if self.ended else min(real_time, self._newest)
 
     def lag(self, stream_time: float) -> float:
         """How far the source is past ``stream_time``, in seconds (0 before the first sample)."""
