@@ -277,6 +277,25 @@ def caption(
         Optional[float],
         typer.Option("--stall-timeout", help="Live sources: no video for this many seconds is an error (default 10)."),
     ] = None,
+    ray: Annotated[
+        Optional[str],
+        typer.Option(
+            "--ray",
+            metavar="[ADDRESS|local]",
+            help="Caption on a Ray cluster: alone, $RAY_ADDRESS or the one `ray start --head` started here; 'local': a Ray of its own for this run; or the cluster's ADDRESS. Needs pip install 'ffai[ray]'.",
+        ),
+    ] = None,
+    ray_actors: Annotated[
+        Optional[int], typer.Option("--ray-actors", help="Engine actors (default: one per node, or one per GPU).")
+    ] = None,
+    ray_cpus_per_actor: Annotated[
+        Optional[float],
+        typer.Option("--ray-cpus-per-actor", help="CPUs, and torch threads, per engine actor (default: a node's)."),
+    ] = None,
+    ray_gpus_per_actor: Annotated[
+        Optional[float],
+        typer.Option("--ray-gpus-per-actor", help="GPUs per engine actor (default: 1 if the cluster has GPUs, else 0)."),
+    ] = None,
     overwrite: Annotated[bool, typer.Option("-y", help="Overwrite existing outputs.")] = False,
     never_overwrite: Annotated[
         bool, typer.Option("-n", help="Never overwrite existing outputs (the default).")
@@ -328,6 +347,14 @@ def caption(
         placement=placement,
         **_live_options(max_lag, no_drop, stall_timeout),
     )
+    backend = None
+    ray_flags = (ray_actors, ray_cpus_per_actor, ray_gpus_per_actor)
+    if ray is not None:
+        from ffai.ray_backend import RayBackend, RayResources
+
+        backend = RayBackend(options, ray, RayResources(*ray_flags))
+    elif any(flag is not None for flag in ray_flags):
+        raise UsageError("--ray-actors, --ray-cpus-per-actor and --ray-gpus-per-actor need --ray")
     show_progress = sys.stderr.isatty() if progress is None else progress
     failed = jobs.run_caption_jobs(
         inputs,
@@ -342,6 +369,7 @@ def caption(
         resume=resume,
         run_log=run_log,
         retries=retries,
+        backend=backend,
         partial=partial,
     )
     if failed:
@@ -385,8 +413,20 @@ def main(argv: Optional[List[str]] = None) -> None:
     sys.exit(run(argv))
 
 
+def _bare_ray(argv: List[str]) -> List[str]:
+    """``--ray`` alone (last, or before another option) means ``--ray auto``: a typer option
+    cannot take an optional value, and an address never starts with '-'."""
+    out = []
+    for i, arg in enumerate(argv):
+        out.append(arg)
+        if arg == "--ray" and (i + 1 == len(argv) or argv[i + 1].startswith("-")):
+            out.append("auto")
+    return out
+
+
 def run(argv: Optional[List[str]] = None) -> int:
     """Run the CLI and return its exit status (used by main and by tests)."""
+    argv = _bare_ray(sys.argv[1:] if argv is None else list(argv))
     try:
         status = app(args=argv, prog_name="ffai", standalone_mode=False)
         return status if isinstance(status, int) else 0

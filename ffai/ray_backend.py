@@ -22,8 +22,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import signal
-import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -164,12 +162,23 @@ class RayBackend:
         self.plan: ActorPlan | None = None
         self._slots: list[_Slot] = []
         self._connected = False
+        self._joined = False  # this process was connected to Ray before: leave it connected
+        self._entered = 0
         self._decode_s = 0.0
         self._windows = 0
+        # What faults cost, for the tests and the curious: windows sent again to another actor,
+        # and decodes started again for inputs lost with a node.
+        self.windows_resent = 0
+        self.inputs_redecoded = 0
 
     # -- lifecycle ------------------------------------------------------------------------
 
     def __enter__(self) -> RayBackend:
+        # Entered again (a library caller who holds it up across runs), it stays up until the
+        # outermost exit.
+        self._entered += 1
+        if self._entered > 1:
+            return self
         try:
             self._connect()
             self._start_actors()
@@ -179,10 +188,13 @@ class RayBackend:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.close()
+        self._entered -= 1
+        if self._entered == 0:
+            self.close()
 
     def close(self) -> None:
         ray = self._ray
+        self._entered = 0
         if not self._connected:
             return
         for slot in self._slots:
@@ -192,10 +204,14 @@ class RayBackend:
                 pass
         self._slots = []
         self._connected = False
-        ray.shutdown()  # stops a local Ray we started; disconnects from any other
+        if not self._joined:
+            ray.shutdown()  # stops a local Ray we started; disconnects from any other
 
     def _connect(self) -> None:
         ray = self._ray
+        if ray.is_initialized():  # a program that runs its own Ray driver and calls ffai in it
+            self._joined = self._connected = True
+            return
         quiet = dict(
             include_dashboard=False,
             log_to_driver=False,  # workers' stdout/stderr stay in Ray's log files
@@ -210,8 +226,7 @@ class RayBackend:
             args = {}
             target = (os.environ.get("RAY_ADDRESS") or "auto") if self.address == AUTO else self.address
         try:
-            with _ctrl_c_spares_children():
-                ray.init(address=target, **quiet, **args)
+            ray.init(address=target, **quiet, **args)
         except (ConnectionError, RuntimeError, ValueError) as e:
             if self.address == AUTO and not os.environ.get("RAY_ADDRESS"):
                 raise FfaiError(
@@ -247,7 +262,8 @@ class RayBackend:
             max_restarts=0,  # this driver replaces a dead actor and resends its windows itself
             scheduling_strategy="SPREAD",
         )
-        return actor_class.remote(list(c.engine.stages()), str(c.model_dir), runtime, plan.threads, ACTOR_IN_FLIGHT)
+        model_dir = str(c.model_dir.absolute())  # the actors' working folder is not ours
+        return actor_class.remote(list(c.engine.stages()), model_dir, runtime, plan.threads, ACTOR_IN_FLIGHT)
 
     def actor_pids(self) -> list[int]:
         """The actors' process ids (the fault tests kill one)."""
@@ -307,16 +323,19 @@ class _Run:
                 for item in [i for i in self.open if i.finished]:
                     self.open.remove(item)
         finally:
-            for generator in [i.generator for i in self.open if i.generator is not None]:
-                try:
-                    self.ray.cancel(generator)  # its windows are not wanted any more
-                except Exception:
-                    pass
+            # A Ray call after the backend closed would start a new local Ray (Ray's auto-init):
+            # an events loop left unfinished may be collected only after Ctrl-C closed it.
+            if self.backend._connected:
+                for generator in [i.generator for i in self.open if i.generator is not None]:
+                    try:
+                        self.ray.cancel(generator)  # its windows are not wanted any more
+                    except Exception:
+                        pass
 
     def _decode(self, item: _Input) -> None:
         item.attempt += 1
         item.read = 0
-        item.generator = self.decode.remote(item.source, self.options)
+        item.generator = self.decode.remote(item.source, self.options, os.getcwd())
         self.pending[item.generator] = ("generator", item, item.attempt)
 
     def _windows_in_flight(self) -> int:
@@ -401,6 +420,7 @@ class _Run:
             if slot.actor is actor:
                 self._replace(slot)
             if not item.finished:
+                self.backend.windows_resent += 1
                 self.waiting.appendleft((item, attempt, index, window_ref))
             return
         except ray.exceptions.RayTaskError as e:
@@ -443,6 +463,7 @@ class _Run:
             reason = " ".join(str(error).split())[:200]
             yield self._fail(item, f"{item.source}: lost on the Ray cluster: {reason}", transient=True)
             return
+        self.backend.inputs_redecoded += 1
         self._decode(item)
 
     def _replace(self, slot: _Slot) -> None:
@@ -485,18 +506,3 @@ def _cause(error: Any) -> str:
 def _silence_ray_loggers() -> None:
     for name in ("ray", "ray.data", "ray.train", "ray.tune", "ray.serve"):
         logging.getLogger(name).setLevel(logging.ERROR)
-
-
-class _ctrl_c_spares_children:
-    """While Ray starts its processes, SIGINT is ignored, and they inherit that: Ctrl-C at a
-    terminal signals the whole foreground process group, and a GCS or raylet killed by it would
-    take the run down before ffai has finished its outputs and stopped Ray in order."""
-
-    def __enter__(self) -> None:
-        self.previous = None
-        if threading.current_thread() is threading.main_thread():
-            self.previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-    def __exit__(self, *exc: object) -> None:
-        if self.previous is not None:
-            signal.signal(signal.SIGINT, self.previous)

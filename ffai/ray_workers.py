@@ -55,9 +55,13 @@ class WindowResult:
     decode_s: float
 
 
-def decode_input(source: str, options: CaptionOptions) -> Iterator[Any]:
+def decode_input(source: str, options: CaptionOptions, cwd: str) -> Iterator[Any]:
     """Yield the probed ``MediaInfo`` (or ``Failed``), then each window as a ``WindowItem``
-    (a still is one window), or ``Failed`` where decoding stops on an error."""
+    (a still is one window), or ``Failed`` where decoding stops on an error. A relative
+    ``source`` is read from the driver's working folder ``cwd`` where this node has it, so paths
+    and messages read as in a local run (a worker runs one task at a time)."""
+    if os.path.isdir(cwd) and os.getcwd() != cwd:
+        os.chdir(cwd)
     decoder = media.Decoder()  # a child per file: a decoder crash fails this input alone
     try:
         info = decoder.probe(source)

@@ -1,0 +1,36 @@
+"""Helpers of the Ray tests: a backend that injects a fault into a real run, and tracks read back."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+
+class FaultAfterFirstCue:
+    """A real backend whose run calls ``fault()`` once, right after the first cue is handed
+    on, while later windows are still in flight on the cluster."""
+
+    def __init__(self, backend, fault: Callable[[], None]) -> None:
+        self.backend = backend
+        self.fault = fault
+        self.notices = backend.notices
+        self.fired = False
+
+    def __enter__(self):
+        self.backend.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.backend.__exit__(*exc)
+
+    def run(self, inputs):
+        for event in self.backend.run(inputs):
+            yield event
+            if event.kind == "cue" and not self.fired:
+                self.fired = True
+                self.fault()
+
+
+def read_tracks(folder: Path) -> dict[str, bytes]:
+    """Every track in ``folder`` (not the run record), by file name."""
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.suffix != ".jsonl"}

@@ -1,0 +1,104 @@
+"""The Ray backend on a local Ray (one per module: its start-up is paid once): the same tracks
+as a local run, byte for byte, also when an actor is SIGKILLed mid-run."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+from pathlib import Path
+
+import pytest
+import ray
+
+from ffai import jobs
+from ffai.bench.sample_media import make_clip
+from ffai.captioning import CaptionOptions
+from ffai.ray_backend import RayBackend
+from ray_faults import FaultAfterFirstCue, read_tracks
+
+pytestmark = pytest.mark.ray
+
+OPTIONS = CaptionOptions(fps=1, window=3)
+DEMO_CLIP = Path(__file__).resolve().parents[1] / "models" / "demo_clip.mp4"
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> list[str]:
+    """Demo-clip copies (real captions from the demo model), a clip of another codec and size,
+    a still, and a file that is no media."""
+    folder = tmp_path_factory.mktemp("corpus")
+    inputs = []
+    for name in ("a", "b", "c", "d"):
+        shutil.copy(DEMO_CLIP, folder / f"{name}.mp4")
+        inputs.append(folder / f"{name}.mp4")
+    inputs.append(make_clip(folder / "e.mkv", 4, fps=25, size=(96, 64), codec="mpeg4"))
+    from PIL import Image
+
+    Image.new("RGB", (120, 80), (30, 60, 220)).save(folder / "f.png")
+    inputs.append(folder / "f.png")
+    (folder / "g.mp4").write_bytes(b"not a video")
+    inputs.append(folder / "g.mp4")
+    return [str(p) for p in inputs]
+
+
+def caption_corpus(inputs: list[str], out: Path, backend=None) -> tuple[int, list[str]]:
+    errors: list[str] = []
+    failed = jobs.run_caption_jobs(
+        inputs,
+        str(out / "{stem}.json"),
+        None,
+        OPTIONS,
+        overwrite=False,
+        progress=False,
+        warn=lambda message: None,
+        error=errors.append,
+        backend=backend,
+    )
+    return failed, errors
+
+
+@pytest.fixture(scope="module")
+def local_run(corpus, tmp_path_factory) -> tuple[dict[str, bytes], list[str]]:
+    out = tmp_path_factory.mktemp("local")
+    failed, errors = caption_corpus(corpus, out)
+    assert failed == 1
+    return read_tracks(out), errors
+
+
+@pytest.fixture(scope="module")
+def backend():
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        object_store_memory=256 * 2**20,
+        log_to_driver=False,
+        logging_level=logging.ERROR,
+    )
+    try:
+        with RayBackend(OPTIONS) as backend:
+            yield backend
+    finally:
+        ray.shutdown()
+
+
+def test_same_tracks_as_a_local_run(corpus, local_run, backend, tmp_path):
+    failed, errors = caption_corpus(corpus, tmp_path, backend)
+    tracks, local_errors = local_run
+    assert failed == 1
+    assert errors == local_errors
+    assert read_tracks(tmp_path) == tracks
+    assert len(tracks) == 6  # every input but the bad one
+
+
+def test_actor_sigkilled_mid_run_is_replaced_and_its_windows_redone(corpus, local_run, backend, tmp_path):
+    (victim,) = backend.actor_pids()
+    resent = backend.windows_resent
+    faulty = FaultAfterFirstCue(backend, lambda: os.kill(victim, signal.SIGKILL))
+    failed, _ = caption_corpus(corpus, tmp_path, faulty)
+    assert faulty.fired
+    assert failed == 1
+    assert read_tracks(tmp_path) == local_run[0]
+    assert backend.windows_resent > resent  # the dead actor's windows went to its replacement
+    assert backend.actor_pids() != [victim]
