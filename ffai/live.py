@@ -86,9 +86,11 @@ class LiveWindows:
         self._waiting: deque[Window] = deque()
         self._drops: list[Dropped] = []  # closed ranges, for take()
         self._open_drop: Dropped | None = None  # the range still growing (no window taken since)
-        # How many windows may wait: without dropping, one (decoding then pauses); with it, what
-        # max_lag holds, so a source faster than real time cannot fill memory either.
-        self._capacity = 1 if max_lag is None else math.ceil(max_lag * fps / size) + 1
+        # How many windows may wait: without dropping, one (decoding then pauses); with it, one
+        # more than max_lag can hold, so that a real-time source's oldest window is dropped
+        # before the reader would pause (a paused reader stops the source clock, and nothing
+        # would ever be late), while a source faster than real time cannot fill memory either.
+        self._capacity = 1 if max_lag is None else math.ceil(max_lag * fps / size) + 2
         self._anchor: tuple[float, float] | None = None  # (first sample's time, its wall time)
         self._newest = -math.inf
         self._stopping = False

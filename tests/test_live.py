@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from ffai import media
+from ffai import live, media
 from ffai.bench import demo_scenes
 from ffai.bench.live_stream import (
     Pacer,
@@ -211,3 +211,33 @@ def test_live_flags_are_checked_before_any_work(capsys, flags, fragment):
     _, err = capsys.readouterr()
     assert code == 2
     one_error(err, fragment)
+
+
+class _StreamClock:
+    """Wall time that follows the frames handed out: each frame arrives at its own time."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def frames(self, count: int, fps: float):
+        for i in range(count):
+            self.now = i / fps
+            yield media.Frame(i / fps, None)
+
+
+@pytest.mark.parametrize("max_lag", [0.5, 3.0, 10.0])
+def test_a_real_time_source_nobody_keeps_up_with_drops_windows_and_never_pauses(max_lag):
+    # Nobody takes a window: a real-time source must not be paused by the waiting windows (that
+    # would stop its clock, and then no window would ever be late); the late ones are dropped.
+    clock = _StreamClock()
+    fps, size = 2.0, 2
+    windows = live.LiveWindows(clock.frames(120, fps), size, fps, max_lag, clock=clock).start()
+    with windows.cond:
+        assert windows.cond.wait_for(lambda: windows.ended, timeout=10)
+        drops, window = windows.take()
+    assert window is not None and windows.dropped_windows == sum(d.windows for d in drops) > 0
+    assert window.end >= 60 - max_lag - size / fps  # what is left is no older than max_lag
+    assert [d.start_ms for d in drops] == [0] and drops[0].end_ms == round(window.start * 1000)
