@@ -6,6 +6,7 @@ errors exit 2; Ctrl-C exits 130. Tracebacks only with ``-v``.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import sys
@@ -347,12 +348,16 @@ def caption(
         placement=placement,
         **_live_options(max_lag, no_drop, stall_timeout),
     )
-    backend = None
+    make_backend = None
     ray_flags = (ray_actors, ray_cpus_per_actor, ray_gpus_per_actor)
     if ray is not None:
-        from ffai.ray_backend import RayBackend, RayResources
+        from ffai.ray_backend import RayBackend, RayResources, import_ray
 
-        backend = RayBackend(options, ray, RayResources(*ray_flags))
+        if partial:
+            raise UsageError("--partial is not available with --ray: answers come back from the cluster whole")
+        import_ray()  # without the extra, say so before any work
+        resources = RayResources(*ray_flags)
+        make_backend = functools.partial(RayBackend, address=ray, resources=resources)
     elif any(flag is not None for flag in ray_flags):
         raise UsageError("--ray-actors, --ray-cpus-per-actor and --ray-gpus-per-actor need --ray")
     show_progress = sys.stderr.isatty() if progress is None else progress
@@ -369,7 +374,7 @@ def caption(
         resume=resume,
         run_log=run_log,
         retries=retries,
-        backend=backend,
+        make_backend=make_backend,
         partial=partial,
     )
     if failed:

@@ -121,13 +121,14 @@ def run_caption_jobs(
     resume: bool = False,
     run_log: str | None = None,
     retries: int = DEFAULT_RETRIES,
-    backend: Backend | None = None,
+    make_backend: Callable[[CaptionOptions], Backend] | None = None,
     partial: bool = False,
 ) -> int:
     """Caption every input; return how many failed. Raises only for errors that stop the
     whole run (bad flags, an unknown engine or model, outputs that may not be written, a
     pipeline that cannot start) — before any input is decoded. With several inputs, ``note``
-    gets the summary lines at the end."""
+    gets the summary lines at the end. ``make_backend(options)`` gives where the inputs are
+    captioned (default: ``LocalBackend``, this machine; ``--ray``: ``ffai.ray_backend``)."""
     if retries < 0:
         raise UsageError("--retries must be 0 or more")
     jobs = plan_jobs(input_specs.expand(inputs), output, fmt)
@@ -156,8 +157,12 @@ def run_caption_jobs(
         if not (job.overwrite or i in skip):
             check_output(job.output, False)
     driver = _Driver(jobs, options, model, log, warn=warn, error=error, retries=retries, partial=partial)
-    local = LocalBackend(options, on_text=driver.show) if backend is None else None
-    with log if log is not None else nullcontext(), backend or local as active:
+    # Made from the options as settled here (thumbnails, streamed answers); by default this machine.
+    if make_backend is None:
+        backend = LocalBackend(options, on_text=driver.show)
+    else:
+        backend = make_backend(options)
+    with log if log is not None else nullcontext(), backend as active:
         for notice in active.notices:
             warn(notice)
         with _progress(progress, len(jobs), options) as bar:

@@ -30,7 +30,7 @@ from typing import Any, Iterator, Sequence
 from ffai.captioning import Captioner, CaptionOptions, answered_cue
 from ffai.errors import FfaiError, UsageError
 from ffai.input_events import InputEvent
-from ffai.media import MediaInfo
+from ffai.media import MediaInfo, is_live, source_label
 from ffai.ray_workers import EngineActor, Failed, WindowResult, decode_input
 
 INSTALL_HINT = "pip install 'ffai[ray]'"
@@ -39,6 +39,7 @@ AUTO = "auto"  # --ray alone: $RAY_ADDRESS, else a cluster started here with `ra
 DECODE_AHEAD = 2  # windows a decode task may have ready before it waits for the driver to read them
 ACTOR_IN_FLIGHT = 2  # windows per actor: one computing, one waiting, so an actor never idles
 MAX_ATTEMPTS = 3  # decodes of one input before it fails as transient
+START_TIMEOUT_S = 300.0  # for the first engine actor to load (a cluster may be adding a node)
 LOCAL_OBJECT_STORE_BYTES = 1 << 30  # a local Ray reserves 30 % of memory for objects unless capped
 
 
@@ -129,6 +130,7 @@ class _Slot:
     actor: Any
     ready: bool = False
     busy: int = 0
+    starting: Any = None  # its ready() call while it starts
 
 
 class RayBackend:
@@ -245,11 +247,26 @@ class RayBackend:
         gpus = ray.cluster_resources().get("GPU", 0.0)
         self.plan = plan_resources(self._node_cpus(), gpus, self.options.runtime.device, self.resources)
         self._slots = [_Slot(self._new_actor()) for _ in range(self.plan.actors)]
-        pids = ray.get([slot.actor.ready.remote() for slot in self._slots])
-        for slot, (_, error) in zip(self._slots, pids):
+        for slot in self._slots:
+            slot.starting = slot.actor.ready.remote()
+        # The run starts with the first actor up; the others join as they finish loading. An
+        # actor the cluster has no room for waits for it (an autoscaler may add a node), but
+        # not forever.
+        starting = {slot.starting: slot for slot in self._slots}
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not any(slot.ready for slot in self._slots):
+            ready, _ = ray.wait(list(starting), num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+            if not ready:
+                p = self.plan
+                raise FfaiError(
+                    f"--ray: no engine actor ({p.cpus:g} CPUs, {p.gpus:g} GPUs each) could start on the Ray cluster "
+                    f"within {START_TIMEOUT_S:g} s; it may be full: see --ray-cpus-per-actor and --ray-actors"
+                )
+            slot = starting.pop(ready[0])
+            _, error = ray.get(ready[0])
             if error is not None:
                 raise FfaiError(error)
-            slot.ready = True
+            slot.ready, slot.starting = True, None
 
     def _new_actor(self) -> Any:
         ray, plan, c = self._ray, self.plan, self.captioner
@@ -299,6 +316,9 @@ class _Run:
         self.in_flight = max(backend.options.max_in_flight, ACTOR_IN_FLIGHT * slots)
         self.max_open = slots + 1  # inputs decoding at once: enough to keep every actor fed
         self.replacements = 2 * slots + 2  # new actors for dead ones, at most, in this run
+        for slot in backend._slots:
+            if slot.starting is not None:
+                self.pending[slot.starting] = ("actor", slot)
         options = backend.options
         self.decode = self.ray.remote(decode_input).options(
             num_cpus=0,
@@ -314,6 +334,10 @@ class _Run:
             while self.todo or self.open:
                 while self.todo and len(self.open) < self.max_open:
                     job, source = self.todo.popleft()
+                    if is_live(source):
+                        error = f"{source_label(source)}: a live source is read on this machine, not on Ray (drop --ray)"
+                        yield InputEvent(job, "failed", error=error, seconds=0.0)
+                        continue
                     item = _Input(job, source)
                     self.open.append(item)
                     self._decode(item)
@@ -335,6 +359,7 @@ class _Run:
     def _decode(self, item: _Input) -> None:
         item.attempt += 1
         item.read = 0
+        item.total = None  # counted again by this attempt's generator
         item.generator = self.decode.remote(item.source, self.options, os.getcwd())
         self.pending[item.generator] = ("generator", item, item.attempt)
 
@@ -387,15 +412,17 @@ class _Run:
             yield from self._lost(item, e)
             return
         self.pending[generator] = ("generator", item, attempt)
-        if item.read == 0:
-            item.read = 1
+        if item.read == 0 or ref == generator.completed():
+            # The probe's answer, or the task's own end: an error when it failed (a node lost
+            # mid-input), which is then its last object, not a window.
+            item.read = max(item.read, 1)
             try:
                 head = ray.get(ref)
-            except ray.exceptions.RayTaskError as e:
-                yield self._fail(item, _cause(e))
-                return
             except ray.exceptions.RayError as e:
-                yield from self._lost(item, e)
+                if _fault(ray, e) == "failed":
+                    yield self._fail(item, _cause(e))
+                else:
+                    yield from self._lost(item, e)
                 return
             if isinstance(head, Failed):
                 yield self._fail(item, head.error)
@@ -416,19 +443,20 @@ class _Run:
             slot.busy -= 1
         try:
             result = ray.get(ref)
-        except ray.exceptions.RayActorError:
-            if slot.actor is actor:
-                self._replace(slot)
-            if not item.finished:
-                self.backend.windows_resent += 1
-                self.waiting.appendleft((item, attempt, index, window_ref))
-            return
-        except ray.exceptions.RayTaskError as e:
+        except ray.exceptions.RayError as e:
+            fault = _fault(ray, e)
+            if fault == "actor":
+                if slot.actor is actor:
+                    self._replace(slot)
+                if not item.finished:
+                    self.backend.windows_resent += 1
+                    self.waiting.appendleft((item, attempt, index, window_ref))
+                return
+            if fault == "lost":  # the window's object, or the task making it, is lost with its node
+                if attempt == item.attempt and not item.finished:
+                    yield from self._lost(item, e)
+                return
             result = Failed(_cause(e))
-        except ray.exceptions.RayError as e:  # the window's object is lost with its node
-            if attempt == item.attempt and not item.finished:
-                yield from self._lost(item, e)
-            return
         if item.finished or index in item.results:
             return
         if isinstance(result, WindowResult):
@@ -482,9 +510,13 @@ class _Run:
             return
         self.replacements -= 1
         slot.actor = self.backend._new_actor()
-        self.pending[slot.actor.ready.remote()] = ("actor", slot)
+        slot.starting = slot.actor.ready.remote()
+        self.pending[slot.starting] = ("actor", slot)
 
     def _actor_ready(self, ref: Any, slot: _Slot) -> None:
+        if slot.starting != ref:
+            return
+        slot.starting = None
         try:
             _, error = self.ray.get(ref)
         except self.ray.exceptions.RayError:
@@ -493,6 +525,18 @@ class _Run:
             slot.ready = True
         elif not any(s.ready for s in self.backend._slots):
             raise FfaiError(f"a new Ray actor for the engine failed to start: {error}")
+
+
+def _fault(ray: Any, error: BaseException) -> str:
+    """What a Ray error means here: ``"actor"`` (the actor running the call died: send the
+    window elsewhere), ``"lost"`` (a node, worker or object is gone: decode the input again) or
+    ``"failed"`` (the code itself raised: the input fails, as it would locally)."""
+    cause = getattr(error, "cause", None)
+    if isinstance(error, ray.exceptions.RayActorError) or isinstance(cause, ray.exceptions.RayActorError):
+        return "actor"
+    if isinstance(error, ray.exceptions.RayTaskError) and not isinstance(cause, ray.exceptions.RayError):
+        return "failed"
+    return "lost"
 
 
 def _cause(error: Any) -> str:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from ffai import media
-from ffai.captioning import CaptionOptions, pipeline_config, still_cue_timing, window_request
+from ffai.captioning import CaptionOptions, pipeline_config, still_cue_timing, window_cue_timing, window_request
 from ffai.engine import Answer, DescribeRequest, RuntimeOptions, StageSpec
 from ffai.errors import FfaiError
 from ffai.pipeline import Coordinator, PipelineConfig
@@ -73,17 +73,16 @@ def decode_input(source: str, options: CaptionOptions, cwd: str) -> Iterator[Any
     try:
         if info.kind == "image":
             image = decoder.load_image(info.path)
+            timing = still_cue_timing(image if options.thumbnails else None)
             request = DescribeRequest((image,), options.decoding, split=True)
-            yield WindowItem(0, still_cue_timing(), request, time.perf_counter() - clock)
+            yield WindowItem(0, timing, request, time.perf_counter() - clock)
             return
         frames = decoder.sample_frames(
             info.path, options.fps, start=options.start, duration=options.duration, max_frames=options.max_frames
         )
         for window in make_windows(frames, options.window, options.fps, clip_end=info.duration):
-            item = WindowItem(
-                window.index, Cue.from_window(window, ""), window_request(window, options), time.perf_counter() - clock
-            )
-            yield item
+            timing = window_cue_timing(window, options.thumbnails)
+            yield WindowItem(window.index, timing, window_request(window, options), time.perf_counter() - clock)
             clock = time.perf_counter()
     except FfaiError as e:
         yield Failed(str(e))

@@ -3,6 +3,7 @@ as a local run, byte for byte, also when an actor is SIGKILLed mid-run."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
@@ -15,7 +16,7 @@ import ray
 from ffai import jobs
 from ffai.bench.sample_media import make_clip
 from ffai.captioning import CaptionOptions
-from ffai.ray_backend import RayBackend
+from ffai.ray_backend import RayBackend, RayResources
 from ray_faults import FaultAfterFirstCue, read_tracks
 
 pytestmark = pytest.mark.ray
@@ -54,7 +55,7 @@ def caption_corpus(inputs: list[str], out: Path, backend=None) -> tuple[int, lis
         progress=False,
         warn=lambda message: None,
         error=errors.append,
-        backend=backend,
+        make_backend=None if backend is None else lambda options: backend,
     )
     return failed, errors
 
@@ -77,7 +78,8 @@ def backend():
         logging_level=logging.ERROR,
     )
     try:
-        with RayBackend(OPTIONS) as backend:
+        # 1.5 of the 2 CPUs (2 torch threads): room is left for the sheet test's own actor.
+        with RayBackend(OPTIONS, resources=RayResources(actors=1, cpus_per_actor=1.5)) as backend:
             yield backend
     finally:
         ray.shutdown()
@@ -102,3 +104,30 @@ def test_actor_sigkilled_mid_run_is_replaced_and_its_windows_redone(corpus, loca
     assert read_tracks(tmp_path) == local_run[0]
     assert backend.windows_resent > resent  # the dead actor's windows went to its replacement
     assert backend.actor_pids() != [victim]
+
+
+def test_contact_sheet_same_as_local(corpus, backend, tmp_path, monkeypatch):  # backend: Ray is up
+    """The html sheet's thumbnails are made where the frames are decoded: on the cluster."""
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")  # the sheet's creation time, fixed
+    inputs = [corpus[0], corpus[5]]  # a clip and the still
+    sheets = {}
+    # A backend of the run's own options: the driver asks for thumbnails for html.
+    ray_backend = functools.partial(RayBackend, resources=RayResources(actors=1, cpus_per_actor=0.5))
+    for arm, make_backend in (("local", None), ("ray", ray_backend)):
+        out = tmp_path / arm
+        out.mkdir()
+        failed = jobs.run_caption_jobs(
+            inputs,
+            str(out / "{stem}.html"),
+            None,
+            OPTIONS,
+            overwrite=False,
+            progress=False,
+            warn=lambda message: None,
+            error=lambda message: None,
+            make_backend=make_backend,
+        )
+        assert failed == 0
+        sheets[arm] = read_tracks(out)
+    assert sheets["ray"] == sheets["local"]
+    assert all(b"data:image/" in page for page in sheets["ray"].values())

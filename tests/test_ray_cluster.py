@@ -24,8 +24,9 @@ DEMO_CLIP = Path(__file__).resolve().parents[1] / "models" / "demo_clip.mp4"
 NODE = {"num_cpus": 1, "object_store_memory": 128 * 2**20}
 
 
-def caption_corpus(inputs: list[str], out: Path, backend=None) -> int:
-    return jobs.run_caption_jobs(
+def caption_corpus(inputs: list[str], out: Path, backend=None) -> list[str]:
+    errors: list[str] = []
+    failed = jobs.run_caption_jobs(
         inputs,
         str(out / "{stem}.json"),
         None,
@@ -33,9 +34,11 @@ def caption_corpus(inputs: list[str], out: Path, backend=None) -> int:
         overwrite=False,
         progress=False,
         warn=lambda message: None,
-        error=lambda message: None,
-        backend=backend,
+        error=errors.append,
+        make_backend=None if backend is None else lambda options: backend,
     )
+    assert failed == len(errors), errors
+    return errors
 
 
 def test_node_removed_mid_run(tmp_path):
@@ -43,7 +46,7 @@ def test_node_removed_mid_run(tmp_path):
     for name in "abcdef":
         inputs.append(str(shutil.copy(DEMO_CLIP, tmp_path / f"{name}.mp4")))
     (tmp_path / "local").mkdir()
-    assert caption_corpus(inputs, tmp_path / "local") == 0
+    assert caption_corpus(inputs, tmp_path / "local") == []
 
     cluster = Cluster(initialize_head=True, head_node_args={**NODE, "include_dashboard": False})
     worker = cluster.add_node(**NODE)
@@ -54,7 +57,7 @@ def test_node_removed_mid_run(tmp_path):
             assert backend.plan.actors == 2  # one per node
             faulty = FaultAfterFirstCue(backend, lambda: cluster.remove_node(worker))
             (tmp_path / "ray").mkdir()
-            assert caption_corpus(inputs, tmp_path / "ray", faulty) == 0
+            assert caption_corpus(inputs, tmp_path / "ray", faulty) == []
             assert faulty.fired
             # What the node held was redone elsewhere: its actor's windows, or its decodes.
             assert backend.windows_resent + backend.inputs_redecoded > 0
