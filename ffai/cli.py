@@ -414,6 +414,9 @@ def _live_options(max_lag: float | None, no_drop: bool, stall_timeout: float | N
     return chosen if stall_timeout is None else {**chosen, "stall_timeout": stall_timeout}
 
 
+INTERRUPTED = 130  # the shell's code for a process ended by SIGINT
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     sys.exit(run(argv))
 
@@ -434,6 +437,8 @@ def run(argv: Optional[List[str]] = None) -> int:
     argv = _bare_ray(sys.argv[1:] if argv is None else list(argv))
     try:
         status = app(args=argv, prog_name="ffai", standalone_mode=False)
+        if status == INTERRUPTED:  # typer catches Ctrl-C itself and returns this code, saying nothing
+            error("interrupted")
         return status if isinstance(status, int) else 0
     except FfaiError as e:
         if _State.verbose:
@@ -450,6 +455,6 @@ def run(argv: Optional[List[str]] = None) -> int:
         return 2
     except (KeyboardInterrupt, typer.Abort):
         error("interrupted")
-        return 130
+        return INTERRUPTED
     except BrokenPipeError:
         return 141

@@ -208,6 +208,7 @@ def test_sigint_exits_130_keeps_finished_cues_and_leaves_no_worker(tiny_checkpoi
     assert time.monotonic() - start < 5.0
     assert proc.returncode == 130, err
     assert "Traceback" not in err
+    assert err.splitlines()[-1] == "ffai: error: interrupted", err
     lines = out.read_text().splitlines()
     assert len(lines) >= 2
     cues = [json.loads(line) for line in lines]  # every line is a whole cue
