@@ -469,6 +469,8 @@ class _StreamSink:
         try:
             self._stream.write(text)
             self._stream.flush()
+        except BrokenPipeError:
+            raise  # the reader has gone (`| head`): the CLI ends quietly, as a Unix filter does
         except OSError as e:
             raise OutputError(f"{self._name}: {e.strerror or e}") from e
 

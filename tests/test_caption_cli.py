@@ -261,3 +261,21 @@ def test_oversized_image_is_refused_before_allocating(size, capsys, tiny_checkpo
     code, _, err = caption(capsys, "-i", str(path), "--model", str(tiny_checkpoint))
     assert code == 1
     one_error_line(err, "16384")
+
+
+def test_a_reader_that_leaves_early_ends_the_run_quietly(clip, tiny_checkpoint):
+    """`ffai caption ... -o - | head -1`: the closed pipe stops the run with no error line and no
+    traceback, as a Unix filter stops."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ffai", "caption", "-i", str(clip), "--model", str(tiny_checkpoint)]
+        + ["--fps", "4", "--window", "1", "--max-new-tokens", "2", "-f", "jsonl", "-o", "-"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    first = proc.stdout.readline()
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) != 0
+    assert json.loads(first)["index"] == 1
+    assert "error" not in err and "Traceback" not in err, err
