@@ -9,9 +9,6 @@ from __future__ import annotations
 import io
 import json
 import shutil
-import signal
-import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +16,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
+import sheet_reader
 from ffai import sheet
 from ffai.bench.sample_media import make_clip
 from ffai.cli import run
@@ -216,19 +214,7 @@ def test_the_policy_stops_markup_that_escaping_would_have_missed(browser, tmp_pa
 def test_a_page_cut_short_by_ctrl_c_loads_with_its_finished_cues(browser, tmp_path, tiny_checkpoint):
     clip = make_clip(tmp_path / "long.mp4", 30, fps=10, size=(64, 48))
     out = tmp_path / "long.html"
-    command = [sys.executable, "-m", "ffai", "caption", "-i", clip, "--model", tiny_checkpoint, "--fps", "2",
-               "--window", "1", "--max-new-tokens", "4", "--placement", "inline", "-o", out]
-    # SIGINT as at a terminal: a background child inherits it ignored
-    proc = subprocess.Popen(list(map(str, command)), stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and proc.poll() is None:
-        if out.exists() and out.read_text(encoding="utf-8").count('<article class="cue"') >= 2:
-            break
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=30)
-    assert proc.returncode == 130, err
+    sheet_reader.interrupt_a_page(clip, tiny_checkpoint, out, cues=2)
     opened = open_page(browser, out)
     shown = cards(opened)
     assert 2 <= len(shown) < 60
