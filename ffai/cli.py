@@ -45,6 +45,16 @@ Verbose = Annotated[bool, typer.Option("-v", "--verbose", help="Show tracebacks 
 Quiet = Annotated[bool, typer.Option("-q", "--quiet", help="Only errors on stderr.")]
 AsJson = Annotated[bool, typer.Option("--json", help="Print a JSON array instead of a table.")]
 ModelName = Annotated[str, typer.Argument(help="Model name (see `ffai models list`).")]
+Overwrite = Annotated[bool, typer.Option("-y", help="Overwrite existing outputs.")]
+NeverOverwrite = Annotated[bool, typer.Option("-n", help="Never overwrite existing outputs (the default).")]
+
+
+def _settle(verbose: bool, quiet: bool, overwrite: bool, never_overwrite: bool) -> None:
+    """A writing command's flags that hold across commands: -v/-q given after it, and -y against -n."""
+    _State.verbose = _State.verbose or verbose
+    _State.quiet = _State.quiet or quiet
+    if overwrite and never_overwrite:
+        raise UsageError("-y and -n contradict each other")
 
 
 def _version(value: bool) -> None:
@@ -297,10 +307,8 @@ def caption(
         Optional[float],
         typer.Option("--ray-gpus-per-actor", help="GPUs per engine actor (default: 1 if the cluster has GPUs, else 0)."),
     ] = None,
-    overwrite: Annotated[bool, typer.Option("-y", help="Overwrite existing outputs.")] = False,
-    never_overwrite: Annotated[
-        bool, typer.Option("-n", help="Never overwrite existing outputs (the default).")
-    ] = False,
+    overwrite: Overwrite = False,
+    never_overwrite: NeverOverwrite = False,
     resume: Annotated[
         bool, typer.Option("--resume", help="Skip inputs the run record says are done; redo unfinished ones.")
     ] = False,
@@ -323,10 +331,7 @@ def caption(
     from ffai.captioning import CaptionOptions
     from ffai.engine import DecodingOptions, RuntimeOptions
 
-    _State.verbose = _State.verbose or verbose
-    _State.quiet = _State.quiet or quiet
-    if overwrite and never_overwrite:
-        raise UsageError("-y and -n contradict each other")
+    _settle(verbose, quiet, overwrite, never_overwrite)
     options = CaptionOptions(
         engine=engine,
         model=model,
@@ -391,18 +396,15 @@ def sheet(
         Optional[str],
         typer.Option("-i", "--input", help="The track's source video or image, if not where the track says."),
     ] = None,
-    overwrite: Annotated[bool, typer.Option("-y", help="Overwrite an existing output.")] = False,
-    never_overwrite: Annotated[bool, typer.Option("-n", help="Never overwrite (the default).")] = False,
+    overwrite: Overwrite = False,
+    never_overwrite: NeverOverwrite = False,
     verbose: Verbose = False,
     quiet: Quiet = False,
 ) -> None:
     """Make the contact sheet (html) of a JSON track from its source, without a model."""
     from ffai import sheet as contact_sheet
 
-    _State.verbose = _State.verbose or verbose
-    _State.quiet = _State.quiet or quiet
-    if overwrite and never_overwrite:
-        raise UsageError("-y and -n contradict each other")
+    _settle(verbose, quiet, overwrite, never_overwrite)
     contact_sheet.build(track, output, overwrite=overwrite, source=source)
 
 
