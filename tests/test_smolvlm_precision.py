@@ -85,6 +85,12 @@ def test_cpuinfo_of_other_cpus():
     assert blind.slow_dtype_warning("bfloat16") is None
 
 
+def test_bf16_attention_only_where_the_cpu_has_amx_bf16():
+    assert cpu.parse_cpuinfo(SAPPHIRE_RAPIDS).bf16_attention
+    for text in (EPYC_ZEN4, AVX2_ONLY, GRAVITON3, SSE_ONLY, "processor\t: 0\n"):
+        assert not cpu.parse_cpuinfo(text).bf16_attention
+
+
 def test_slow_dtype_warning_names_the_cpu_and_the_missing_flags():
     avx2 = cpu.parse_cpuinfo(AVX2_ONLY)
     line = avx2.slow_dtype_warning("bfloat16")
@@ -194,10 +200,31 @@ def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
 BOUNDS = {"int8": (0.9995, 0.999), "bfloat16": (0.9999, 0.9999)}
 
 
+def _vision_attention_dtypes(model) -> set:
+    return {layer.self_attn.attention_dtype for layer in model.vision.layers}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int8", "bfloat16"])
+def test_the_vision_tower_attends_in_the_dtype_the_cpu_runs_fastest(monkeypatch, tiny_checkpoint, dtype):
+    """float32 attends in its own dtype (the exact path); the opt-in dtypes in bfloat16 with
+    AMX-BF16 and in float32 on other CPUs, whatever their weights' dtype."""
+    for info, expected in ((SAPPHIRE_RAPIDS, torch.bfloat16), (EPYC_ZEN4, torch.float32), (AVX2_ONLY, torch.float32)):
+        monkeypatch.setattr(cpu, "host", lambda info=info: cpu.parse_cpuinfo(info))
+        model = load_model(tiny_checkpoint, dtype=getattr(torch, dtype), parts=("vision",))
+        assert _vision_attention_dtypes(model) == ({None} if dtype == "float32" else {expected}), info
+
+
+@pytest.mark.parametrize("host", ["this", "amx"])
 @pytest.mark.parametrize("dtype", ["int8", "bfloat16"])
-def test_agreement_with_float32_on_the_tiny_checkpoint(tiny_checkpoint, dtype):
+def test_agreement_with_float32_on_the_tiny_checkpoint(monkeypatch, tiny_checkpoint, dtype, host):
+    """On this machine's CPU, and as loaded for an AMX-BF16 CPU (bfloat16 attention), which this
+    machine runs too, slower."""
     exact = ENGINE.load(tiny_checkpoint, RuntimeOptions(dtype="float32", device="cpu"))
+    if host == "amx":
+        monkeypatch.setattr(cpu, "host", lambda: cpu.parse_cpuinfo(SAPPHIRE_RAPIDS))
     fast = ENGINE.load(tiny_checkpoint, RuntimeOptions(dtype=dtype, device="cpu"))
+    if host == "amx":
+        assert _vision_attention_dtypes(fast.vision.net) == {torch.bfloat16}
     embeds_bound, logits_bound = BOUNDS[dtype]
     for seed in range(2):
         image = _image(seed)

@@ -72,15 +72,21 @@ class VisionAttention(nn.Module):
         self.n_heads, self.head_dim = cfg.num_attention_heads, cfg.head_dim
         self.qkv = FusedLinear(d, (d, d, d), bias=True)
         self.out_proj = nn.Linear(d, d)
+        # None: attention in the activations' own dtype (float32's exact path). The opt-in dtypes
+        # may set another (weights.attention_dtype), the fastest this CPU has for it.
+        self.attention_dtype: torch.dtype | None = None
 
     def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
         n, t, _ = x.shape
-        q, k, v = self.qkv(x).chunk(3, dim=-1)  # (N, T, D) each
+        qkv = self.qkv(x)  # (N, T, 3 D)
+        if self.attention_dtype is not None:
+            qkv = qkv.to(self.attention_dtype)  # one cast for q, k and v together
+        q, k, v = qkv.chunk(3, dim=-1)  # (N, T, D) each
         q = q.view(n, t, self.n_heads, self.head_dim).transpose(1, 2)  # (N, H, T, hd)
         k = k.view(n, t, self.n_heads, self.head_dim).transpose(1, 2)  # (N, H, T, hd)
         v = v.view(n, t, self.n_heads, self.head_dim).transpose(1, 2)  # (N, H, T, hd)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, scale=self.head_dim**-0.5)
-        y = y.transpose(1, 2).reshape(n, t, -1)  # (N, T, D)
+        y = y.transpose(1, 2).reshape(n, t, -1).to(x.dtype)  # (N, T, D)
         return self.out_proj(y)
 
 
