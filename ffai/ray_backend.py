@@ -22,8 +22,11 @@ from __future__ import annotations
 import logging
 import math
 import os
+import socket
+import sys
 import time
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
@@ -233,8 +236,10 @@ class RayBackend:
         else:
             args = {}
             target = (os.environ.get("RAY_ADDRESS") or "auto") if self.address == AUTO else self.address
+            _check_reachable(target)
         try:
-            ray.init(address=target, **quiet, **args)
+            with _native_stderr_silenced():
+                ray.init(address=target, **quiet, **args)
         except (ConnectionError, RuntimeError, ValueError) as e:
             if self.address == AUTO and not os.environ.get("RAY_ADDRESS"):
                 raise FfaiError(
@@ -532,6 +537,34 @@ class _Run:
             slot.ready = True
         elif not any(s.ready for s in self.backend._slots):
             raise FfaiError(f"a new Ray actor for the engine failed to start: {error}")
+
+
+@contextmanager
+def _native_stderr_silenced() -> Iterator[None]:
+    """While Ray connects, its C++ client logs to this process's stderr (a GCS that does not
+    answer: a warning a second, whatever RAY_BACKEND_LOG_LEVEL says): file descriptor 2 goes to
+    /dev/null meanwhile; a failure still ends in ffai's one line."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "wb") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _check_reachable(address: str, timeout: float = 5.0) -> None:
+    """Refuse at once, in one line, a cluster address nothing answers at: Ray itself retries
+    for minutes. ``auto`` and addresses without a port are left to Ray."""
+    host, _, port = address.rpartition("://")[2].rpartition(":")
+    if not host or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as e:
+        raise FfaiError(f"--ray: cannot reach the Ray cluster at {address} ({e.strerror or e})") from e
 
 
 def _fault(ray: Any, error: BaseException) -> str:

@@ -16,6 +16,7 @@ import ray
 from ffai import jobs
 from ffai.bench.sample_media import make_clip
 from ffai.captioning import CaptionOptions
+from ffai.errors import FfaiError
 from ffai.ray_backend import RayBackend, RayResources
 from ray_faults import FaultAfterFirstCue, read_tracks
 
@@ -131,3 +132,17 @@ def test_contact_sheet_same_as_local(corpus, backend, tmp_path, monkeypatch):  #
         sheets[arm] = read_tracks(out)
     assert sheets["ray"] == sheets["local"]
     assert all(b"data:image/" in page for page in sheets["ray"].values())
+
+
+def test_a_model_the_actors_cannot_load_is_one_line(tiny_checkpoint, backend, tmp_path):  # backend: Ray is up
+    """The cheap checks pass (config, tokenizer, window); loading fails in the actor, on the
+    cluster, and comes back as the loader's own one-line error naming the file."""
+    model = tmp_path / "model"
+    shutil.copytree(tiny_checkpoint, model)
+    weights = model / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    options = CaptionOptions(model=str(model), fps=1, window=3)
+    with pytest.raises(FfaiError, match="model.safetensors") as caught:
+        with RayBackend(options, resources=RayResources(actors=1, cpus_per_actor=0.5)):
+            pass
+    assert "\n" not in str(caught.value)

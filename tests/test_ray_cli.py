@@ -144,3 +144,14 @@ def test_ctrl_c_then_resume_on_a_local_ray(tmp_path):
     assert all(line.startswith("ffai: ") for line in stderr.splitlines()), stderr
     assert read_tracks(out) == expected
     assert ray_processes_of(proc.pid) == []
+
+
+def test_unreachable_cluster_is_one_line_at_once(capsys, tmp_path):
+    started = time.monotonic()
+    code = run(["caption", "-i", str(DEMO_CLIP), "-o", str(tmp_path / "x.srt"), "--ray", "127.0.0.1:1"])
+    err = capsys.readouterr().err
+    assert code == 1, err
+    expected = "ffai: error: --ray: cannot reach the Ray cluster at 127.0.0.1:1 (Connection refused)"
+    assert err.strip().splitlines()[-1] == expected
+    assert time.monotonic() - started < 30  # Ray's own client would retry for minutes
+    assert not (tmp_path / "x.srt").exists()
