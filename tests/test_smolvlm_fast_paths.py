@@ -1,8 +1,8 @@
 """The engine's fast paths give exactly what the plain paths give.
 
 q/k/v (both towers) and gate/up (text) run as one matmul each, read from the checkpoint into one
-buffer each; the RoPE rows come from a table built once; generation writes contiguous positions
-to the cache by slice. Each is checked bit for bit against the separate / per-call / indexed
+buffer each; the RoPE rows come from a table built once and rotate by one roll; RMSNorm is
+torch's rms_norm on the CPU; generation writes contiguous positions to the cache by slice. Each is checked bit for bit against the separate / per-call / indexed
 path on the tiny checkpoint.
 """
 
@@ -166,6 +166,43 @@ def test_rope_table_rows_equal_per_call_rope(model):
         cos, sin = rope_cos_sin(torch.arange(start, end), cfg.head_dim, cfg.rope_theta, torch.float32)
         got_cos, got_sin = table.rows(start, end)
         assert torch.equal(got_cos, cos) and torch.equal(got_sin, sin)
+
+
+def _reference_rms_norm(norm, x: torch.Tensor) -> torch.Tensor:
+    """transformers' LlamaRMSNorm, step by step."""
+    dtype = x.dtype
+    y = x.to(torch.float32)
+    y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + norm.eps)
+    return norm.weight * y.to(dtype)
+
+
+def test_rms_norm_equals_the_reference_steps_bit_for_bit(model):
+    torch.manual_seed(4)
+    norm = model.text.layers[0].input_layernorm
+    with torch.no_grad():
+        for i, rows in enumerate((1, 2, 37, 300)):
+            norm.weight.copy_(torch.randn_like(norm.weight) * (i + 0.5))
+            for scale in (1e-4, 1.0, 1e3):
+                x = torch.randn(1, rows, norm.weight.shape[0]) * scale
+                assert torch.equal(norm(x), _reference_rms_norm(norm, x)), (rows, scale)
+
+
+def test_rope_as_one_roll_equals_rotate_half_bit_for_bit(model):
+    """The reference's x * cos + rotate_half(x) * sin, with its unsigned sin, against apply_rope
+    with the signed sin of rope_cos_sin."""
+    cfg = model.text.cfg
+    hd = cfg.head_dim
+    pos = torch.tensor([0, 1, 7, 300, cfg.max_position_embeddings - 1])
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
+    emb = torch.cat((pos.float()[:, None] * inv_freq,) * 2, dim=-1)
+    cos, sin = emb.cos(), emb.sin()
+    torch.manual_seed(5)
+    x = torch.randn(1, 3, pos.shape[0], hd) * 10
+    x1, x2 = x.chunk(2, dim=-1)
+    reference = x * cos + torch.cat((-x2, x1), dim=-1) * sin
+    ours_cos, ours_sin = rope_cos_sin(pos, hd, cfg.rope_theta, torch.float32)
+    assert torch.equal(ours_cos, cos)
+    assert torch.equal(apply_rope(x, ours_cos, ours_sin), reference)
 
 
 def test_scattered_positions_take_the_indexed_path(model):
