@@ -297,11 +297,11 @@ def caption(
         ),
     ] = None,
     ray_actors: Annotated[
-        Optional[int], typer.Option("--ray-actors", help="Engine actors (default: one per node, or one per GPU).")
+        Optional[int], typer.Option("--ray-actors", help="Engine actors (default: one per CPU, or one per GPU).")
     ] = None,
     ray_cpus_per_actor: Annotated[
         Optional[float],
-        typer.Option("--ray-cpus-per-actor", help="CPUs, and torch threads, per engine actor (default: a node's)."),
+        typer.Option("--ray-cpus-per-actor", help="CPUs, and torch threads, per engine actor (default: 1)."),
     ] = None,
     ray_gpus_per_actor: Annotated[
         Optional[float],

@@ -51,11 +51,13 @@ def test_ray_resource_flags_need_ray(capsys):
 @pytest.mark.parametrize(
     "nodes, gpus, device, asked, expected",
     [
-        ([2.0], 0, "auto", RayResources(), (1, 2.0, 0.0, 2)),  # this machine: one actor, both cores
-        ([8.0, 8.0, 4.0], 0, "auto", RayResources(), (5, 4.0, 0.0, 4)),  # the smallest node sets the size
+        ([2.0], 0, "auto", RayResources(), (2, 1.0, 0.0, 1)),  # this machine: one actor per core
+        ([8.0, 8.0, 4.0], 0, "auto", RayResources(), (20, 1.0, 0.0, 1)),
+        ([0.5], 0, "auto", RayResources(), (1, 0.5, 0.0, 1)),  # a node of less than a CPU still gets one
         ([16.0, 16.0], 4, "auto", RayResources(), (4, 8.0, 1.0, 8)),  # one actor per GPU
-        ([16.0, 16.0], 4, "cpu", RayResources(), (2, 16.0, 0.0, 16)),  # --device cpu ignores the GPUs
+        ([16.0, 16.0], 4, "cpu", RayResources(), (32, 1.0, 0.0, 1)),  # --device cpu ignores the GPUs
         ([8.0], 0, "auto", RayResources(actors=3, cpus_per_actor=1.5), (3, 1.5, 0.0, 2)),
+        ([8.0, 8.0], 0, "auto", RayResources(cpus_per_actor=4), (4, 4, 0.0, 4)),
     ],
 )
 def test_plan_resources(nodes, gpus, device, asked, expected):
