@@ -2,6 +2,7 @@
 
     python scripts/profile_engine.py [--threads 2] [--cases frame,window,still] [--repeat 2] [--tokens 32]
                                      [--reference-attention sdpa|eager]
+    python scripts/profile_engine.py --decode-ops int8|bfloat16|float32 [--threads 2] [--tokens 32]
 
 Both run on the real-shape random checkpoint (``ffai.bench.checkpoints.checkpoint("real")``),
 fp32, greedy, ``--tokens`` forced new tokens, and must give the same tokens. Each repeat runs
@@ -14,6 +15,11 @@ decode (per token, everything generate does per step), total (sum of the above).
 
 ``--reference-attention eager`` loads the reference with transformers' eager attention instead
 of its default (SDPA): the vision tower's attention then runs as matmul + softmax + matmul.
+
+``--decode-ops DTYPE`` profiles ffai's decode step alone in that dtype (no reference): the
+text tower after a 200-token prefill, ``--tokens`` steps under torch's profiler, its ops by self
+time with their counts per step, and the wall time per step beside their sum (the rest is
+Python and dispatch between the ops).
 """
 
 from __future__ import annotations
@@ -135,6 +141,43 @@ def print_table(name: str, tiles: int, ours: Timing, ref: Timing, n: int) -> Non
     print(f"{'total':<12}{ours.total:>11.2f}s{ref.total:>11.2f}s{ref.total / ours.total:>9.2f}x")
 
 
+def profile_decode(path: Path, dtype: str, threads: int, n: int) -> None:
+    import statistics
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from ffai_smolvlm.generate import decode_one_token, prefill
+    from ffai_smolvlm.weights import load_model
+
+    torch.set_num_threads(threads)
+    model = load_model(path, dtype=getattr(torch, dtype), parts=("text",))
+    prompt = 200
+    with torch.inference_mode():
+        x = model.text.embed_tokens(torch.randint(0, model.cfg.text.vocab_size, (1, prompt)))
+        cache = model.text.reserve_cache(1, prompt + 2 * n + 4)
+        token = prefill(model, x, cache).argmax(-1)
+        positions = torch.arange(cache.max_len)
+        for i in range(4):  # one-off kernel and buffer set-up
+            decode_one_token(model, token, positions[prompt + i : prompt + i + 1], cache)
+        walls = []
+        for i in range(4, 4 + n):
+            start = time.perf_counter()
+            decode_one_token(model, token, positions[prompt + i : prompt + i + 1], cache)
+            walls.append(time.perf_counter() - start)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for i in range(4 + n, 4 + 2 * n):
+                decode_one_token(model, token, positions[prompt + i : prompt + i + 1], cache)
+    ops = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    print(f"decode step, {dtype}, {threads} thread(s), {n} steps after a {prompt}-token prefill")
+    print(f"{'op':<52}{'calls/step':>11}{'self ms/step':>14}")
+    for e in ops[:20]:
+        print(f"{e.key[:51]:<52}{e.count / n:>11.0f}{e.self_cpu_time_total / 1e3 / n:>14.3f}")
+    total = sum(e.self_cpu_time_total for e in ops) / 1e3 / n
+    print(f"{'all ops':<52}{sum(e.count for e in ops) / n:>11.0f}{total:>14.3f}")
+    print(f"wall ms/step (median, unprofiled): {1e3 * statistics.median(walls):.3f}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
@@ -147,6 +190,7 @@ def main() -> int:
         choices=("sdpa", "eager"),
         help="transformers' attention implementation (default: its own choice)",
     )
+    parser.add_argument("--decode-ops", choices=("float32", "bfloat16", "int8"), help="profile ffai's decode step")
     args = parser.parse_args()
 
     import torch
@@ -157,6 +201,9 @@ def main() -> int:
 
     torch.set_num_threads(args.threads)
     path = Path(args.model) if args.model else checkpoints.checkpoint("real")
+    if args.decode_ops:
+        profile_decode(path, args.decode_ops, args.threads, args.tokens)
+        return 0
     model = ENGINE.load(path, RuntimeOptions(threads=args.threads, device="cpu"))
     ref = checkpoints.reference_model(path, attention=args.reference_attention)
     processor = checkpoints.reference_processor(path)
