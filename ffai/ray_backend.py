@@ -77,9 +77,9 @@ def plan_resources(node_cpus: Sequence[float], gpus: float, device: str, asked: 
     Decode tasks ask for no CPU, so whatever the actors hold, decoding can always be scheduled
     (actors holding every CPU otherwise starve it and the run hangs). On CPUs one actor per CPU,
     each with one torch thread: on this 2-core machine two such actors captioned the benchmark
-    corpus 1.6x faster than one actor of two threads (README, *On a Ray cluster*), and float32
-    weights are mapped from the same file, so the page cache holds them once. With GPUs (and
-    ``--device`` not cpu) one actor per GPU, the node's CPUs shared out between them."""
+    corpus in 32-46 s, one actor of two threads in 50 s (README, *On a Ray cluster*); each actor
+    holds a model, so fewer, wider actors are the flag for memory. With GPUs (and ``--device``
+    not cpu) one actor per GPU, the node's CPUs shared out between them."""
     if not node_cpus:
         raise FfaiError("the Ray cluster has no alive node")
     use_gpus = gpus > 0 and device != "cpu"
