@@ -231,15 +231,20 @@ def caption(
     output: Annotated[
         Optional[str],
         typer.Option(
-            "-o", "--output", help="Track file, '-' for stdout; with several inputs a pattern such as '{stem}.srt' or 'out/{reldir}/{stem}.srt'."
+            "-o",
+            "--output",
+            help="Track file, '-' for stdout; with several inputs a pattern such as '{stem}.srt' or 'out/{reldir}/{stem}.srt'.",
         ),
     ] = None,
     fmt: Annotated[
-        Optional[str], typer.Option("-f", "--format", help="srt, vtt, json, jsonl, txt or html (default: from -o, else txt).")
+        Optional[str],
+        typer.Option("-f", "--format", help="srt, vtt, json, jsonl, txt or html (default: from -o, else txt)."),
     ] = None,
     partial: Annotated[
         bool,
-        typer.Option("--partial", help="With -f jsonl on stdout: each cue's text so far, as generated, before the cue."),
+        typer.Option(
+            "--partial", help="With -f jsonl on stdout: each cue's text so far, as generated, before the cue."
+        ),
     ] = False,
     fps: Annotated[float, typer.Option("--fps", help="Frames sampled per second of video.")] = 1.0,
     window: Annotated[int, typer.Option("--window", help="Consecutive samples captioned together as one cue.")] = 8,
@@ -282,7 +287,8 @@ def caption(
         ),
     ] = None,
     no_drop: Annotated[
-        bool, typer.Option("--no-drop", help="Live sources: caption every window; decoding pauses while the model works.")
+        bool,
+        typer.Option("--no-drop", help="Live sources: caption every window; decoding pauses while the model works."),
     ] = False,
     stall_timeout: Annotated[
         Optional[float],
@@ -305,7 +311,9 @@ def caption(
     ] = None,
     ray_gpus_per_actor: Annotated[
         Optional[float],
-        typer.Option("--ray-gpus-per-actor", help="GPUs per engine actor (default: 1 if the cluster has GPUs, else 0)."),
+        typer.Option(
+            "--ray-gpus-per-actor", help="GPUs per engine actor (default: 1 if the cluster has GPUs, else 0)."
+        ),
     ] = None,
     overwrite: Overwrite = False,
     never_overwrite: NeverOverwrite = False,

@@ -145,9 +145,7 @@ class LoadedModel(Protocol):
 
     def encode(self, prepared: Any) -> Any: ...
 
-    def generate(
-        self, encoded: Any, options: DecodingOptions, on_text: Callable[[str], None] | None = None
-    ) -> str:
+    def generate(self, encoded: Any, options: DecodingOptions, on_text: Callable[[str], None] | None = None) -> str:
         """The answer's text; ``on_text`` gets it piece by piece as it is generated."""
         ...
 

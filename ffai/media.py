@@ -142,7 +142,6 @@ def source_label(source: str | Path) -> str:
     return "stdin" if str(source) == STDIN else str(source)
 
 
-
 def probe(path: str | Path) -> MediaInfo:
     """Kind, display size and duration of `path`. Reads headers (and a video's first frame,
     which carries the rotation); raises MediaError for anything that is not usable media."""
@@ -703,7 +702,9 @@ def _ticking(frames: Iterator, conn) -> Iterator:
 
 
 @contextmanager
-def _open_stream(source: str, fd: int | None) -> Iterator[tuple[av.container.InputContainer, av.video.stream.VideoStream]]:
+def _open_stream(
+    source: str, fd: int | None
+) -> Iterator[tuple[av.container.InputContainer, av.video.stream.VideoStream]]:
     """A live source opened for reading: standard input as the pipe `fd`, anything else by
     name, through FFmpeg's protocols. Nothing here seeks."""
     label = source_label(source)
@@ -975,7 +976,9 @@ def _portable(error: BaseException) -> BaseException:
 class _Child:
     """The parent's end of one decoder child: asks for answers and enforces the time bounds."""
 
-    def __init__(self, decoder: Decoder, op: str, file: Path | str, args: tuple = (), fds: tuple[int, ...] = ()) -> None:
+    def __init__(
+        self, decoder: Decoder, op: str, file: Path | str, args: tuple = (), fds: tuple[int, ...] = ()
+    ) -> None:
         self.decoder, self.file = decoder, source_label(file)
         self.live = op == "live"
         # A live source has no answer to wait for but the next video: silence is a stall. Its

@@ -77,7 +77,9 @@ def _display_rgb(image: Image.Image) -> Image.Image:
     return image.convert("RGB")
 
 
-def thumbnail(image: Image.Image, time_ms: int, *, side: int = THUMB_SIDE, max_bytes: int = THUMB_MAX_BYTES) -> Thumbnail:
+def thumbnail(
+    image: Image.Image, time_ms: int, *, side: int = THUMB_SIDE, max_bytes: int = THUMB_MAX_BYTES
+) -> Thumbnail:
     """A JPEG of ``image`` fitting a ``side`` square (never enlarged), at most ``max_bytes``."""
     try:
         rgb = _display_rgb(image)
@@ -306,7 +308,7 @@ def page(header: TrackHeader, cues: Sequence[Cue], video: str | None) -> str:
         f"<title>{_e(name)} — ffai contact sheet</title>\n"
         f"<style>{_STYLE}</style>\n<script>{_SCRIPT}</script>\n"
         "</head>\n<body>\n"
-        f"<header>\n<h1>{_e(name)}</h1>\n<dl class=\"facts\">\n{facts}</dl>\n</header>\n"
+        f'<header>\n<h1>{_e(name)}</h1>\n<dl class="facts">\n{facts}</dl>\n</header>\n'
         f"{player}{tools}"
         f'<main id="cues">\n{cards}</main>\n'
         "</body>\n</html>\n"
@@ -357,8 +359,10 @@ def _check_same_source(track: str | Path, path: str, header: TrackHeader, info) 
     was_still = header.fps is None
     problems = []
     if was_still != (info.kind == "image"):
-        problems.append(f"it is {'an image' if info.kind == 'image' else 'a video'}, the track is of a "
-                        f"{'still' if was_still else 'video'}")
+        problems.append(
+            f"it is {'an image' if info.kind == 'image' else 'a video'}, the track is of a "
+            f"{'still' if was_still else 'video'}"
+        )
     if (header.width, header.height) != (info.width, info.height):
         problems.append(f"{info.width}×{info.height}, the track says {header.width}×{header.height}")
     if not was_still and (
@@ -400,4 +404,3 @@ def _cues_with_thumbnails(decoder, path: str, cues: Sequence[Cue]) -> Iterator[C
             # The stored time, not the decoded one: the same thumbnail as the caption run's.
             thumbs.append(thumbnail(frame.image, ms))
         yield _replace_thumbnails(cue, tuple(thumbs))
-

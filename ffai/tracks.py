@@ -615,6 +615,7 @@ class TrackWriter:
     @property
     def cues_written(self) -> int:
         return self._count
+
     def write(self, cue: Cue | Dropped) -> None:
         if self._done:
             raise ValueError("write to a closed track")

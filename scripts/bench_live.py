@@ -111,13 +111,18 @@ def main() -> int:
                 model = str(checkpoints.checkpoint("real"))
             else:
                 parser.error(f"unknown case {case!r} (demo, real)")
-            result = {"case": case, **run_case(model, clip, args.fps, args.window, args.max_lag, args.max_in_flight, Path(tmp))}
+            result = {
+                "case": case,
+                **run_case(model, clip, args.fps, args.window, args.max_lag, args.max_in_flight, Path(tmp)),
+            }
             results.append(result)
             if not args.json:
                 print(json.dumps(result), flush=True)
     record["load_after"] = os.getloadavg()
     record["results"] = results
-    print(json.dumps(record, indent=2) if args.json else json.dumps({k: v for k, v in record.items() if k != "results"}))
+    print(
+        json.dumps(record, indent=2) if args.json else json.dumps({k: v for k, v in record.items() if k != "results"})
+    )
     return 0
 
 

@@ -100,11 +100,33 @@ def interrupt_a_page(clip: Path, checkpoint: Path, out: Path, cues: int) -> str:
     """Caption ``clip`` to the page ``out`` in a real ``ffai caption`` and send it SIGINT, as a
     terminal's Ctrl-C, once the page on disk holds ``cues`` cards; returns its stderr after
     checking it exited 130."""
-    command = [sys.executable, "-m", "ffai", "caption", "-i", clip, "--model", checkpoint, "--fps", "2",
-               "--window", "1", "--max-new-tokens", "4", "--placement", "inline", "-o", out]
+    command = [
+        sys.executable,
+        "-m",
+        "ffai",
+        "caption",
+        "-i",
+        clip,
+        "--model",
+        checkpoint,
+        "--fps",
+        "2",
+        "--window",
+        "1",
+        "--max-new-tokens",
+        "4",
+        "--placement",
+        "inline",
+        "-o",
+        out,
+    ]
     # A background child inherits SIGINT ignored; a foreground one at a terminal has the default.
-    proc = subprocess.Popen(list(map(str, command)), stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(
+        list(map(str, command)),
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and proc.poll() is None:
         if out.exists() and out.read_text(encoding="utf-8").count('<article class="cue"') >= cues:

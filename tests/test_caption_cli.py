@@ -154,7 +154,11 @@ def test_several_inputs_continue_past_a_failure(capsys, clip, image, tiny_checkp
     assert code == 1
     # The failure as it happens, then the run's summary repeating it (issue #11).
     reason = f"{missing}: no such file"
-    assert err.splitlines() == [f"ffai: error: {reason}", "ffai: 2 done, 0 skipped, 1 failed", f"ffai: failed: {reason}"]
+    assert err.splitlines() == [
+        f"ffai: error: {reason}",
+        "ffai: 2 done, 0 skipped, 1 failed",
+        f"ffai: failed: {reason}",
+    ]
     assert json.loads((tmp_path / "clip.json").read_text())["cues"]
     assert len(json.loads((tmp_path / "red.json").read_text())["cues"]) == 1
     assert not (tmp_path / "missing.json").exists()

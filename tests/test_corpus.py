@@ -106,7 +106,9 @@ def lines_of(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_two_same_names_collide_without_reldir_and_are_refused_before_any_work(capsys, corpus, tiny_checkpoint, tmp_path):
+def test_two_same_names_collide_without_reldir_and_are_refused_before_any_work(
+    capsys, corpus, tiny_checkpoint, tmp_path
+):
     out = tmp_path / "out"
     out.mkdir()
     code = run(["caption", "-i", str(corpus), "--model", str(tiny_checkpoint), "-o", f"{out}/{{stem}}.srt"])
@@ -119,9 +121,13 @@ def test_two_same_names_collide_without_reldir_and_are_refused_before_any_work(c
     assert list(out.iterdir()) == []
 
 
-def test_corpus_mirrors_the_tree_records_every_input_and_a_bad_one_fails_alone(capsys, corpus, tiny_checkpoint, tmp_path):
+def test_corpus_mirrors_the_tree_records_every_input_and_a_bad_one_fails_alone(
+    capsys, corpus, tiny_checkpoint, tmp_path
+):
     out = tmp_path / "out"
-    code = run(["caption", "-i", str(corpus), "--model", str(tiny_checkpoint), *FAST, "-o", f"{out}/{{reldir}}/{{stem}}.json"])
+    code = run(
+        ["caption", "-i", str(corpus), "--model", str(tiny_checkpoint), *FAST, "-o", f"{out}/{{reldir}}/{{stem}}.json"]
+    )
     err = capsys.readouterr().err.splitlines()
     bad = f"{corpus}/readme.md: not a readable image or video (Invalid data found when processing input)"
     assert code == 1
@@ -154,9 +160,26 @@ def test_run_log_flag_puts_the_record_where_asked_also_for_one_input(capsys, cor
     log = tmp_path / "logs" / "run.jsonl"
     log.parent.mkdir()
     still = corpus / "b" / "green.png"
-    code = run(["caption", "-i", str(still), "--model", str(tiny_checkpoint), *FAST, "-o", str(tmp_path / "g.txt"), "--run-log", str(log)])
+    code = run(
+        [
+            "caption",
+            "-i",
+            str(still),
+            "--model",
+            str(tiny_checkpoint),
+            *FAST,
+            "-o",
+            str(tmp_path / "g.txt"),
+            "--run-log",
+            str(log),
+        ]
+    )
     assert code == 0, capsys.readouterr().err
-    assert [(e["kind"], e.get("status")) for e in lines_of(log)] == [("run", None), ("input", "running"), ("input", "done")]
+    assert [(e["kind"], e.get("status")) for e in lines_of(log)] == [
+        ("run", None),
+        ("input", "running"),
+        ("input", "done"),
+    ]
     assert not (tmp_path / "ffai-run.jsonl").exists()
 
 
@@ -167,7 +190,10 @@ def test_parent_of_a_bare_file_name_is_the_working_folder(tmp_path, monkeypatch)
     found = inputs.expand(["clip.mp4", "sub/clip.mp4"])
     jobs = plan_jobs(found, "{parent}/{stem}.srt", None)
     assert [j.output for j in jobs] == ["clip.srt", "sub/clip.srt"]
-    assert [j.output for j in plan_jobs(found, "out/{reldir}/{name}.vtt", None)] == ["out/clip.mp4.vtt", "out/sub/clip.mp4.vtt"]
+    assert [j.output for j in plan_jobs(found, "out/{reldir}/{name}.vtt", None)] == [
+        "out/clip.mp4.vtt",
+        "out/sub/clip.mp4.vtt",
+    ]
 
 
 def test_events_for_stdout_come_one_input_after_another_in_job_order():

@@ -173,7 +173,9 @@ def _sigint_as_in_a_terminal() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # a background child inherits SIGINT ignored
 
 
-def test_ctrl_c_then_resume_gives_the_bytes_of_an_uninterrupted_run(capsys, clips, tiny_checkpoint, reference, tmp_path):
+def test_ctrl_c_then_resume_gives_the_bytes_of_an_uninterrupted_run(
+    capsys, clips, tiny_checkpoint, reference, tmp_path
+):
     out = tmp_path / "out"
     args = [*flags(tiny_checkpoint, clips), "-o", f"{out}/{{reldir}}/{{stem}}.json"]
     log = out / runlog.DEFAULT_NAME

@@ -214,8 +214,25 @@ def test_caption_to_html_shows_every_cue_with_its_frames(tracks, clip):
 
 
 def test_html_to_stdout_is_the_page(capsys, clip, tiny_checkpoint):
-    code = run(["caption", "-i", str(clip), "--model", str(tiny_checkpoint), "--fps", "1", "--window", "3",
-                "--max-new-tokens", "3", "-f", "html", "-o", "-"])
+    code = run(
+        [
+            "caption",
+            "-i",
+            str(clip),
+            "--model",
+            str(tiny_checkpoint),
+            "--fps",
+            "1",
+            "--window",
+            "3",
+            "--max-new-tokens",
+            "3",
+            "-f",
+            "html",
+            "-o",
+            "-",
+        ]
+    )
     out, err = capsys.readouterr()
     assert code == 0, err
     page = sheet_reader.read(out)
@@ -225,8 +242,38 @@ def test_html_to_stdout_is_the_page(capsys, clip, tiny_checkpoint):
 def test_a_still_gives_one_card_with_its_picture(tmp_path, tiny_checkpoint, capsys):
     still = tmp_path / "still.png"
     Image.new("RGBA", (640, 480), (20, 200, 60, 255)).save(still)
-    assert run(["caption", "-i", str(still), "--model", str(tiny_checkpoint), "--max-new-tokens", "4", "-o", str(tmp_path / "s.html")]) == 0
-    assert run(["caption", "-i", str(still), "--model", str(tiny_checkpoint), "--max-new-tokens", "4", "-o", str(tmp_path / "s.json")]) == 0
+    assert (
+        run(
+            [
+                "caption",
+                "-i",
+                str(still),
+                "--model",
+                str(tiny_checkpoint),
+                "--max-new-tokens",
+                "4",
+                "-o",
+                str(tmp_path / "s.html"),
+            ]
+        )
+        == 0
+    )
+    assert (
+        run(
+            [
+                "caption",
+                "-i",
+                str(still),
+                "--model",
+                str(tiny_checkpoint),
+                "--max-new-tokens",
+                "4",
+                "-o",
+                str(tmp_path / "s.json"),
+            ]
+        )
+        == 0
+    )
     page = sheet_reader.read((tmp_path / "s.html").read_text(encoding="utf-8"))
     (card,) = page.cards
     assert card.text == read_json_track(tmp_path / "s.json")[1][0].text
@@ -316,7 +363,7 @@ def test_sheet_refuses_a_changed_source(tracks, tmp_path, capsys):
         ("not json", "not a JSON track"),
         ('{"version": 2}', "version 2 is not supported"),
         ('{"version": 1, "source": {}}', "not a JSON track written by ffai"),
-        ('[1, 2]', "not a JSON track written by ffai"),
+        ("[1, 2]", "not a JSON track written by ffai"),
     ],
 )
 def test_sheet_refuses_what_is_not_a_json_track(tmp_path, capsys, content, fragment):

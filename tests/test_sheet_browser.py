@@ -107,8 +107,7 @@ def test_clip_page_loads_with_no_error_and_no_network(browser, clip_page):
     shown = cards(opened)
     assert [(c["start"], c["end"], c["text"]) for c in shown] == [(c["start"], c["end"], c["text"]) for c in cues]
     assert [c["times"] for c in shown] == [
-        [sheet.format_timestamp(round(c["start"] * 1000)), sheet.format_timestamp(round(c["end"] * 1000))]
-        for c in cues
+        [sheet.format_timestamp(round(c["start"] * 1000)), sheet.format_timestamp(round(c["end"] * 1000))] for c in cues
     ]
     assert [c["widths"] for c in shown] == [[160] * min(4, len(c["frame_times"])) for c in cues]
     assert not_blank(opened.page.screenshot(full_page=True))
@@ -167,7 +166,10 @@ def test_a_still_page_shows_its_picture(browser, tmp_path, tiny_checkpoint):
     still = tmp_path / "still.png"
     Image.new("RGB", (300, 200), (240, 200, 20)).save(still)
     out = tmp_path / "still.html"
-    assert run(["caption", "-i", str(still), "--model", str(tiny_checkpoint), "--max-new-tokens", "5", "-o", str(out)]) == 0
+    assert (
+        run(["caption", "-i", str(still), "--model", str(tiny_checkpoint), "--max-new-tokens", "5", "-o", str(out)])
+        == 0
+    )
     opened = open_page(browser, out)
     (card,) = cards(opened)
     assert card["widths"] == [300] and card["times"] == []

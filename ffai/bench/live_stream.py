@@ -65,7 +65,9 @@ def paced_chunks(data: bytes) -> list[tuple[float, bytes]]:
     with av.open(io.BytesIO(data), "r", format="mpegts") as container:
         stream = container.streams.video[0]
         marks = [
-            (float(p.dts * stream.time_base), p.pos) for p in container.demux(stream) if p.dts is not None and p.pos >= 0
+            (float(p.dts * stream.time_base), p.pos)
+            for p in container.demux(stream)
+            if p.dts is not None and p.pos >= 0
         ]
     first = marks[0][0]
     chunks, sent = [], 0
