@@ -22,7 +22,7 @@ from ffai.errors import UsageError
 from ffai_smolvlm.engine import ENGINE
 from ffai_smolvlm.generate import prefill
 from ffai_smolvlm.layers import QuantizedLinear
-from ffai_smolvlm.weights import load_model
+from ffai_smolvlm.weights import load_model, vision_attention_dtype
 
 # Captured from real machines (first processor, flags abridged to those around the relevant ones).
 EPYC_ZEN4 = """processor\t: 0
@@ -212,6 +212,8 @@ def test_the_vision_tower_attends_in_the_dtype_the_cpu_runs_fastest(monkeypatch,
         monkeypatch.setattr(cpu, "host", lambda info=info: cpu.parse_cpuinfo(info))
         model = load_model(tiny_checkpoint, dtype=getattr(torch, dtype), parts=("vision",))
         assert _vision_attention_dtypes(model) == ({None} if dtype == "float32" else {expected}), info
+        # a GPU attends in the activations' own dtype, whatever the host CPU has
+        assert vision_attention_dtype(getattr(torch, dtype), "cuda") is None
 
 
 @pytest.mark.parametrize("host", ["this", "amx"])

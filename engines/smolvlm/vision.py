@@ -72,8 +72,8 @@ class VisionAttention(nn.Module):
         self.n_heads, self.head_dim = cfg.num_attention_heads, cfg.head_dim
         self.qkv = FusedLinear(d, (d, d, d), bias=True)
         self.out_proj = nn.Linear(d, d)
-        # None: attention in the activations' own dtype (float32's exact path). The opt-in dtypes
-        # may set another (weights.attention_dtype), the fastest this CPU has for it.
+        # None: attention in the activations' own dtype (float32's exact path). Loading in an
+        # opt-in dtype sets the one this CPU attends fastest in (weights.vision_attention_dtype).
         self.attention_dtype: torch.dtype | None = None
 
     def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:

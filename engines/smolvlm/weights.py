@@ -324,13 +324,14 @@ def bfloat16_text_in_float32(model: Idefics3) -> frozenset[str]:
     return frozenset(f"text.{n}" for n, _ in model.text.named_parameters()) - linear
 
 
-def vision_attention_dtype(dtype: torch.dtype) -> torch.dtype | None:
-    """The dtype the vision tower attends in for a load in ``dtype`` (``VisionAttention``):
-    float32's own (None) for float32; for the opt-in dtypes bfloat16 where this CPU has AMX-BF16
-    and float32 elsewhere (``cpu.CpuInfo.bf16_attention`` says why). On an AVX512_BF16 CPU
-    without AMX that makes ``--dtype bfloat16``'s tower attend in float32 too: its tiles' cosine
-    with float32 stayed 0.99993 on the real-shape checkpoint."""
-    if dtype == torch.float32:
+def vision_attention_dtype(dtype: torch.dtype, device="cpu") -> torch.dtype | None:
+    """The dtype the vision tower attends in for a load in ``dtype`` on ``device``
+    (``VisionAttention``): the activations' own (None) for float32 and off the CPU; on the CPU,
+    for the opt-in dtypes, bfloat16 where it has AMX-BF16 and float32 elsewhere
+    (``cpu.CpuInfo.bf16_attention`` says why). On an AVX512_BF16 CPU without AMX that makes
+    ``--dtype bfloat16``'s tower attend in float32 too: its tiles' cosine with float32 stayed
+    0.99993 on the real-shape checkpoint."""
+    if dtype == torch.float32 or torch.device(device).type != "cpu":
         return None
     from ffai import cpu
 
@@ -397,5 +398,5 @@ def load_model(
         model.text.lm_head.weight = model.text.embed_tokens.weight  # assign=True made two Parameters
     if model.vision is not None:
         for layer in model.vision.layers:
-            layer.self_attn.attention_dtype = vision_attention_dtype(dtype)
+            layer.self_attn.attention_dtype = vision_attention_dtype(dtype, device)
     return model.eval().requires_grad_(False)
