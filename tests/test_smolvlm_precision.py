@@ -21,7 +21,7 @@ from ffai.engine import DecodingOptions, RuntimeOptions
 from ffai.errors import UsageError
 from ffai_smolvlm.engine import ENGINE
 from ffai_smolvlm.generate import prefill
-from ffai_smolvlm.layers import QuantizedLinear
+from ffai_smolvlm.layers import QUANTIZE_ROWS_BLOCK, QuantizedLinear, quantize_rows
 from ffai_smolvlm.weights import load_model, vision_attention_dtype
 
 # Captured from real machines (first processor, flags abridged to those around the relevant ones).
@@ -157,6 +157,21 @@ def test_int8_model_holds_no_float32_copy_of_a_quantised_weight(tiny_checkpoint,
     linear_numel = sum(p.numel() for n in linears for p in exact.get_submodule(n).parameters())
     assert sum(p.numel() for p in held.values()) == sum(p.numel() for p in exact.parameters()) - linear_numel
     assert not list(int8_model.buffers())
+
+
+def test_quantize_rows_equals_torch_quantize_per_channel():
+    """Bit for bit, across a block boundary, over rows of very different ranges, and at exact
+    halves (round half to even) and the int8 bounds."""
+    gen = torch.Generator().manual_seed(6)
+    rows = QUANTIZE_ROWS_BLOCK + 37
+    w = torch.randn(rows, 96, generator=gen) * torch.logspace(-6, 2, rows)[:, None]
+    w[0, :11] = torch.tensor([0.5, 1.5, 2.5, -0.5, -1.5, 127.0, -127.0, 126.5, -126.5, 3e-13, 0.0])
+    low, high = torch.aminmax(w, dim=1)
+    scale = (torch.maximum(-low, high) / 127.0).clamp(min=1e-12).to(torch.float64)
+    scale[0] = 1.0
+    zero = torch.zeros(rows, dtype=torch.long)
+    reference = torch.quantize_per_channel(w, scale, zero, 0, torch.qint8).int_repr()
+    assert torch.equal(quantize_rows(w, scale), reference)
 
 
 def test_int8_float_rows_layer_multiplies_prefill_rows_in_float32(int8_model):
