@@ -250,9 +250,7 @@ class SmolVLMModel:
     def encode(self, prepared: Prepared) -> Encoded:
         return self.vision(prepared)
 
-    def generate(
-        self, encoded: Encoded, options: DecodingOptions, on_text: Callable[[str], None] | None = None
-    ) -> str:
+    def generate(self, encoded: Encoded, options: DecodingOptions, on_text: Callable[[str], None] | None = None) -> str:
         return self.text(dataclasses.replace(encoded, options=options), on_text).text
 
     def describe(self, images: Sequence["Image.Image"], options: DecodingOptions, *, split: bool) -> str:
