@@ -1,9 +1,34 @@
-"""Helpers of the Ray tests: a backend that injects a fault into a real run, and tracks read back."""
+"""Helpers of the Ray tests: a corpus captioned through the driver, a backend that injects a
+fault into a real run, and tracks read back."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Callable
+
+from ffai import jobs
+from ffai.captioning import CaptionOptions
+
+
+def caption_corpus(
+    inputs: list[str], out: Path, options: CaptionOptions, backend=None, pattern: str = "{stem}.json"
+) -> tuple[int, list[str]]:
+    """Caption ``inputs`` into ``out`` through the corpus driver, on ``backend`` (a backend, or
+    a function making one from the run's settled options; default: the local backend); returns
+    how many failed and the error lines."""
+    errors: list[str] = []
+    failed = jobs.run_caption_jobs(
+        inputs,
+        str(out / pattern),
+        None,
+        options,
+        overwrite=False,
+        progress=False,
+        warn=lambda message: None,
+        error=errors.append,
+        make_backend=backend if backend is None or callable(backend) else lambda options: backend,
+    )
+    return failed, errors
 
 
 class FaultAfterFirstCue:

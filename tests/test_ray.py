@@ -13,12 +13,11 @@ from pathlib import Path
 import pytest
 import ray
 
-from ffai import jobs
 from ffai.bench.sample_media import make_clip
 from ffai.captioning import CaptionOptions
 from ffai.errors import FfaiError
 from ffai.ray_backend import RayBackend, RayResources
-from ray_faults import FaultAfterFirstCue, read_tracks
+from ray_faults import FaultAfterFirstCue, caption_corpus, read_tracks
 
 pytestmark = pytest.mark.ray
 
@@ -45,26 +44,10 @@ def corpus(tmp_path_factory) -> list[str]:
     return [str(p) for p in inputs]
 
 
-def caption_corpus(inputs: list[str], out: Path, backend=None) -> tuple[int, list[str]]:
-    errors: list[str] = []
-    failed = jobs.run_caption_jobs(
-        inputs,
-        str(out / "{stem}.json"),
-        None,
-        OPTIONS,
-        overwrite=False,
-        progress=False,
-        warn=lambda message: None,
-        error=errors.append,
-        make_backend=None if backend is None else lambda options: backend,
-    )
-    return failed, errors
-
-
 @pytest.fixture(scope="module")
 def local_run(corpus, tmp_path_factory) -> tuple[dict[str, bytes], list[str]]:
     out = tmp_path_factory.mktemp("local")
-    failed, errors = caption_corpus(corpus, out)
+    failed, errors = caption_corpus(corpus, out, OPTIONS)
     assert failed == 1
     return read_tracks(out), errors
 
@@ -87,7 +70,7 @@ def backend():
 
 
 def test_same_tracks_as_a_local_run(corpus, local_run, backend, tmp_path):
-    failed, errors = caption_corpus(corpus, tmp_path, backend)
+    failed, errors = caption_corpus(corpus, tmp_path, OPTIONS, backend)
     tracks, local_errors = local_run
     assert failed == 1
     assert errors == local_errors
@@ -99,7 +82,7 @@ def test_actor_sigkilled_mid_run_is_replaced_and_its_windows_redone(corpus, loca
     (victim,) = backend.actor_pids()
     resent = backend.windows_resent
     faulty = FaultAfterFirstCue(backend, lambda: os.kill(victim, signal.SIGKILL))
-    failed, _ = caption_corpus(corpus, tmp_path, faulty)
+    failed, _ = caption_corpus(corpus, tmp_path, OPTIONS, faulty)
     assert faulty.fired
     assert failed == 1
     assert read_tracks(tmp_path) == local_run[0]
@@ -117,17 +100,7 @@ def test_contact_sheet_same_as_local(corpus, backend, tmp_path, monkeypatch):  #
     for arm, make_backend in (("local", None), ("ray", ray_backend)):
         out = tmp_path / arm
         out.mkdir()
-        failed = jobs.run_caption_jobs(
-            inputs,
-            str(out / "{stem}.html"),
-            None,
-            OPTIONS,
-            overwrite=False,
-            progress=False,
-            warn=lambda message: None,
-            error=lambda message: None,
-            make_backend=make_backend,
-        )
+        failed, _ = caption_corpus(inputs, out, OPTIONS, make_backend, pattern="{stem}.html")
         assert failed == 0
         sheets[arm] = read_tracks(out)
     assert sheets["ray"] == sheets["local"]

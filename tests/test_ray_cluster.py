@@ -12,10 +12,9 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 
-from ffai import jobs
 from ffai.captioning import CaptionOptions
 from ffai.ray_backend import RayBackend
-from ray_faults import FaultAfterFirstCue, read_tracks
+from ray_faults import FaultAfterFirstCue, caption_corpus, read_tracks
 
 pytestmark = pytest.mark.ray
 
@@ -24,29 +23,12 @@ DEMO_CLIP = Path(__file__).resolve().parents[1] / "models" / "demo_clip.mp4"
 NODE = {"num_cpus": 1, "object_store_memory": 128 * 2**20}
 
 
-def caption_corpus(inputs: list[str], out: Path, backend=None) -> list[str]:
-    errors: list[str] = []
-    failed = jobs.run_caption_jobs(
-        inputs,
-        str(out / "{stem}.json"),
-        None,
-        OPTIONS,
-        overwrite=False,
-        progress=False,
-        warn=lambda message: None,
-        error=errors.append,
-        make_backend=None if backend is None else lambda options: backend,
-    )
-    assert failed == len(errors), errors
-    return errors
-
-
 def test_node_removed_mid_run(tmp_path):
     inputs = []
     for name in "abcdef":
         inputs.append(str(shutil.copy(DEMO_CLIP, tmp_path / f"{name}.mp4")))
     (tmp_path / "local").mkdir()
-    assert caption_corpus(inputs, tmp_path / "local") == []
+    assert caption_corpus(inputs, tmp_path / "local", OPTIONS) == (0, [])
 
     cluster = Cluster(initialize_head=True, head_node_args={**NODE, "include_dashboard": False})
     worker = cluster.add_node(**NODE)
@@ -57,7 +39,7 @@ def test_node_removed_mid_run(tmp_path):
             assert backend.plan.actors == 2  # one per node
             faulty = FaultAfterFirstCue(backend, lambda: cluster.remove_node(worker))
             (tmp_path / "ray").mkdir()
-            assert caption_corpus(inputs, tmp_path / "ray", faulty) == []
+            assert caption_corpus(inputs, tmp_path / "ray", OPTIONS, faulty) == (0, [])
             assert faulty.fired
             # What the node held was redone elsewhere: its actor's windows, or its decodes.
             assert backend.windows_resent + backend.inputs_redecoded > 0
