@@ -127,14 +127,20 @@ def is_live(source: str | Path) -> bool:
     name = str(source)
     if name == STDIN:
         return True
-    scheme = _URL.match(name)
-    if scheme:
-        return scheme.group(1).lower() != "file"
+    if _URL.match(name):
+        return is_url(name)
     try:
         mode = os.stat(name).st_mode
     except OSError:
         return False
     return stat.S_ISFIFO(mode) or stat.S_ISCHR(mode) or stat.S_ISSOCK(mode)
+
+
+def is_url(source: str | Path) -> bool:
+    """True for a URL FFmpeg opens (``http://``, ``udp://`` ...), which any machine with the
+    network can read, unlike standard input or a pipe on this one."""
+    scheme = _URL.match(str(source))
+    return bool(scheme) and scheme.group(1).lower() != "file"
 
 
 def source_label(source: str | Path) -> str:

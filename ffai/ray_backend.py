@@ -33,7 +33,7 @@ from typing import Any, Iterator, Sequence
 from ffai.captioning import Captioner, CaptionOptions, answered_cue
 from ffai.errors import FfaiError, UsageError
 from ffai.input_events import InputEvent
-from ffai.media import MediaInfo, is_live, source_label
+from ffai.media import MediaInfo, is_live, is_url, source_label
 from ffai.ray_workers import EngineActor, Failed, WindowResult, decode_input
 
 INSTALL_HINT = "pip install 'ffai[ray]'"
@@ -348,8 +348,8 @@ class _Run:
             while self.todo or self.open:
                 while self.todo and len(self.open) < self.max_open:
                     job, source = self.todo.popleft()
-                    if is_live(source):
-                        error = f"{source_label(source)}: a live source is read on this machine, not on Ray"
+                    if is_live(source) and not is_url(source):  # a URL is read where it is decoded
+                        error = f"{source_label(source)}: stdin and pipes are read on this machine, not on Ray"
                         yield InputEvent(job, "failed", error=error, seconds=0.0)
                         continue
                     item = _Input(job, source)

@@ -4,6 +4,7 @@ as a local run, byte for byte, also when an actor is SIGKILLed mid-run."""
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import os
 import shutil
@@ -13,6 +14,8 @@ from pathlib import Path
 import pytest
 import ray
 
+from ffai.bench import demo_scenes
+from ffai.bench.live_stream import StreamServer, encode_ts
 from ffai.bench.sample_media import make_clip
 from ffai.captioning import CaptionOptions
 from ffai.errors import FfaiError
@@ -119,3 +122,24 @@ def test_a_model_the_actors_cannot_load_is_one_line(tiny_checkpoint, backend, tm
         with RayBackend(options, resources=RayResources(actors=1, cpus_per_actor=0.5)):
             pass
     assert "\n" not in str(caught.value)
+
+
+def test_a_url_is_decoded_on_the_cluster_and_a_pipe_is_refused(backend, tmp_path):  # backend: Ray is up
+    """A URL is read where it is decoded, so it goes to the cluster and gives the same track as a
+    run on this machine; a pipe exists on this machine only, and fails alone in one line."""
+    scenes = demo_scenes.CLIP_SCENES[:2]
+    with StreamServer(encode_ts(scenes, 3.0)) as server:  # one window of OPTIONS a scene
+        url = f"{server.url}/clip.ts"
+        tracks = {}
+        for arm, on in (("local", None), ("ray", backend)):
+            (tmp_path / arm).mkdir()
+            assert caption_corpus([url], tmp_path / arm, OPTIONS, on) == (0, [])
+            tracks[arm] = read_tracks(tmp_path / arm)
+    assert tracks["ray"] == tracks["local"] and list(tracks["ray"]) == ["clip.json"]
+    cues = json.loads(tracks["ray"]["clip.json"])["cues"]
+    assert [c["text"] for c in cues] == [demo_scenes.caption(scene) for scene in scenes]
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    with pytest.raises(FfaiError) as caught:  # the run's only input: its error is the run's
+        caption_corpus([str(fifo)], tmp_path / "ray", OPTIONS, backend)
+    assert str(caught.value) == f"{fifo}: stdin and pipes are read on this machine, not on Ray"
