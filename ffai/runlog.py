@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from ffai import models
+from ffai import hub, models
 from ffai.captioning import CaptionOptions, ResolvedModel
 from ffai.errors import ModelError, OutputError
 
@@ -51,8 +51,6 @@ SETTING_FLAGS = {
     "format": "the track format (-f or -o's extension)",
 }
 
-_HASH_CHUNK = 1 << 20
-
 
 def model_digests(folder: Path) -> dict[str, str]:
     """sha256 of every file of a model folder, by relative path. A file a manifest pins, found
@@ -76,16 +74,8 @@ def model_digests(folder: Path) -> dict[str, str]:
         if name in pinned and pinned[name][0] == size:
             digests[name] = pinned[name][1]
         else:
-            digests[name] = _sha256(path)
+            digests[name] = hub.sha256_file(path)
     return digests
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_HASH_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def settings(options: CaptionOptions, model: ResolvedModel, fmt: str) -> dict[str, Any]:
