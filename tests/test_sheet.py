@@ -242,38 +242,9 @@ def test_html_to_stdout_is_the_page(capsys, clip, tiny_checkpoint):
 def test_a_still_gives_one_card_with_its_picture(tmp_path, tiny_checkpoint, capsys):
     still = tmp_path / "still.png"
     Image.new("RGBA", (640, 480), (20, 200, 60, 255)).save(still)
-    assert (
-        run(
-            [
-                "caption",
-                "-i",
-                str(still),
-                "--model",
-                str(tiny_checkpoint),
-                "--max-new-tokens",
-                "4",
-                "-o",
-                str(tmp_path / "s.html"),
-            ]
-        )
-        == 0
-    )
-    assert (
-        run(
-            [
-                "caption",
-                "-i",
-                str(still),
-                "--model",
-                str(tiny_checkpoint),
-                "--max-new-tokens",
-                "4",
-                "-o",
-                str(tmp_path / "s.json"),
-            ]
-        )
-        == 0
-    )
+    for track in ("s.html", "s.json"):
+        args = ["caption", "-i", str(still), "--model", str(tiny_checkpoint), "--max-new-tokens", "4"]
+        assert run([*args, "-o", str(tmp_path / track)]) == 0
     page = sheet_reader.read((tmp_path / "s.html").read_text(encoding="utf-8"))
     (card,) = page.cards
     assert card.text == read_json_track(tmp_path / "s.json")[1][0].text
