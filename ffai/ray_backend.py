@@ -177,6 +177,7 @@ class RayBackend:
         # and decodes started again for inputs lost with a node.
         self.windows_resent = 0
         self.inputs_redecoded = 0
+        self.actors_replaced = 0
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -294,6 +295,11 @@ class RayBackend:
         )
         model_dir = str(c.model_dir.absolute())  # the actors' working folder is not ours
         return actor_class.remote(list(c.engine.stages()), model_dir, runtime, plan.threads, ACTOR_IN_FLIGHT)
+
+    def actors_working(self) -> int:
+        """How many actors are up and hold windows right now (the node fault test waits for
+        every actor to hold some before it removes a node)."""
+        return sum(1 for slot in self._slots if slot.ready and slot.busy > 0)
 
     def actor_pids(self) -> list[int]:
         """The actors' process ids (the fault tests kill one)."""
@@ -514,6 +520,9 @@ class _Run:
             return  # already being replaced
         slot.ready = False
         slot.busy = 0
+        self._restart(slot)
+
+    def _restart(self, slot: _Slot) -> None:
         try:
             self.ray.kill(slot.actor, no_restart=True)  # unreachable, maybe not dead: it must not come back
         except Exception:
@@ -523,6 +532,7 @@ class _Run:
                 raise FfaiError("every Ray actor running the engine died")
             return
         self.replacements -= 1
+        self.backend.actors_replaced += 1
         slot.actor = self.backend._new_actor()
         slot.starting = slot.actor.ready.remote()
         self.pending[slot.starting] = ("actor", slot)
@@ -534,7 +544,9 @@ class _Run:
         try:
             _, error = self.ray.get(ref)
         except self.ray.exceptions.RayError:
-            error = "died while starting"
+            # Its process or node died while it loaded (not the engine refusing): start another.
+            self._restart(slot)
+            return
         if error is None:
             slot.ready = True
         elif not any(s.ready for s in self.backend._slots):

@@ -32,12 +32,14 @@ def caption_corpus(
 
 
 class FaultAfterFirstCue:
-    """A real backend whose run calls ``fault()`` once, right after the first cue is handed
-    on, while later windows are still in flight on the cluster."""
+    """A real backend whose run calls ``fault()`` once, right after the first cue handed on
+    while ``ready()`` holds (default: the first cue), so later windows are still in flight on
+    the cluster."""
 
-    def __init__(self, backend, fault: Callable[[], None]) -> None:
+    def __init__(self, backend, fault: Callable[[], None], ready: Callable[[], bool] = lambda: True) -> None:
         self.backend = backend
         self.fault = fault
+        self.ready = ready
         self.notices = backend.notices
         self.fired = False
 
@@ -51,7 +53,7 @@ class FaultAfterFirstCue:
     def run(self, inputs):
         for event in self.backend.run(inputs):
             yield event
-            if event.kind == "cue" and not self.fired:
+            if event.kind == "cue" and not self.fired and self.ready():
                 self.fired = True
                 self.fault()
 
