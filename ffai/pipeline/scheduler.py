@@ -52,6 +52,21 @@ def emit(chunk: Any) -> None:
     send(chunk)
 
 
+def with_emitter(fn: Callable[[Any], Any], payload: Any) -> Callable[[], Any]:
+    """``fn(payload)`` as a call that may run on another thread and still :func:`emit` for the
+    request the calling stage function is running now."""
+    send = getattr(_emitter, "send", None)
+
+    def call() -> Any:
+        _emitter.send = send
+        try:
+            return fn(payload)
+        finally:
+            _emitter.send = None
+
+    return call
+
+
 class BoundedSet:
     """A thread-safe set that forgets its oldest members past ``maxlen`` (aborted ids)."""
 

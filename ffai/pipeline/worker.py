@@ -26,10 +26,11 @@ from multiprocessing.reduction import ForkingPickler
 from typing import Any, Callable
 
 from ffai.errors import FfaiError
+from ffai.pipeline.compute import ComputeThread
 from ffai.pipeline.config import PipelineConfig, ProcessConfig, StageConfig, resolve
 from ffai.pipeline.errors import ConfigError
 from ffai.pipeline.messages import ABORT, CALLER, FAILED, READY, STATS, Message
-from ffai.pipeline.scheduler import Scheduler, SimpleScheduler
+from ffai.pipeline.scheduler import Scheduler, SimpleScheduler, with_emitter
 from ffai.pipeline.stage import Stage
 
 log = logging.getLogger(__name__)
@@ -70,15 +71,21 @@ class Channel:
         self.queue.close()
 
 
-def make_scheduler(config: StageConfig, turn: threading.Lock | None = None) -> Scheduler:
-    """Run the stage's factory; wrap a plain function in a SimpleScheduler. With ``turn``, the
-    function runs only while holding that lock (the process's stages take turns)."""
-    made = resolve(config.factory)(*config.args, **config.kwargs)
+def make_scheduler(config: StageConfig, compute: ComputeThread | None = None) -> Scheduler:
+    """Run the stage's factory (on ``compute``, when given); wrap a plain function in a
+    SimpleScheduler. With ``compute``, the function runs on that thread, where the process's
+    stages take turns (``ffai.pipeline.compute``)."""
+    factory = resolve(config.factory)
+    made = (
+        factory(*config.args, **config.kwargs)
+        if compute is None
+        else compute.run(factory, *config.args, **config.kwargs)
+    )
     batching = config.max_batch_size > 1 or config.max_batch_wait_ms > 0 or config.batch_wait_when_idle
     if isinstance(made, Scheduler):
         if batching:
             raise ConfigError(f"stage {config.name!r}: batching options apply only when the factory returns a function")
-        if turn is not None:
+        if compute is not None:
             raise ConfigError(
                 f"stage {config.name!r}: a serial process needs stages that are functions, not Schedulers"
             )
@@ -86,8 +93,8 @@ def make_scheduler(config: StageConfig, turn: threading.Lock | None = None) -> S
     if not callable(made):
         kind = type(made).__name__
         raise ConfigError(f"stage {config.name!r}: factory returned {kind}, not a Scheduler or a function")
-    if turn is not None:
-        made = _taking_turns(made, turn)
+    if compute is not None:
+        made = _taking_turns(made, compute)
     if config.max_batch_size == 1:
         return SimpleScheduler(made)
     return SimpleScheduler(
@@ -98,10 +105,9 @@ def make_scheduler(config: StageConfig, turn: threading.Lock | None = None) -> S
     )
 
 
-def _taking_turns(fn: Callable[[Any], Any], turn: threading.Lock) -> Callable[[Any], Any]:
+def _taking_turns(fn: Callable[[Any], Any], compute: ComputeThread) -> Callable[[Any], Any]:
     def run(payload: Any) -> Any:
-        with turn:
-            return fn(payload)
+        return compute.run(with_emitter(fn, payload))
 
     return run
 
@@ -133,15 +139,27 @@ class WorkerHost:
         self.name = name
         self.config = config
         self.stage_names = stage_names
-        self._turn = threading.Lock() if serial else None
+        # Stages that take turns take them on one thread (ffai.pipeline.compute).
+        self._compute = ComputeThread(f"{name}-compute") if serial else None
         self.stages: dict[str, Stage] = {}
         self._send_to_stage = send
         self._to_caller = to_caller
 
     def build(self) -> None:
-        for name in self.stage_names:
-            stage_config = self.config.stage(name)
-            self.stages[name] = Stage(stage_config, make_scheduler(stage_config, self._turn), self._send)
+        """Make the stages, their factories run off the calling thread (``ffai.pipeline.compute``):
+        on the compute thread of stages that take turns, else on one that ends afterwards."""
+        loader = self._compute or ComputeThread(f"{self.name}-load")
+        try:
+            for name in self.stage_names:
+                stage_config = self.config.stage(name)
+                if self._compute is not None:
+                    scheduler = make_scheduler(stage_config, self._compute)
+                else:
+                    scheduler = loader.run(make_scheduler, stage_config)
+                self.stages[name] = Stage(stage_config, scheduler, self._send)
+        finally:
+            if loader is not self._compute:
+                loader.close()
 
     def start(self) -> None:
         for stage in self.stages.values():
@@ -155,6 +173,8 @@ class WorkerHost:
         deadline = time.monotonic() + timeout
         for stage in self.stages.values():
             stage.join(max(0.0, deadline - time.monotonic()))
+        if self._compute is not None:
+            self._compute.close(max(0.0, deadline - time.monotonic()))
 
     def handle(self, envelope: tuple[str, Any]) -> bool:
         """Act on one envelope; False means stop serving."""

@@ -283,3 +283,25 @@ def test_a_serial_process_runs_one_stage_at_a_time(placement, serial, no_orphans
     overlaps = [(a, b) for a, b in zip(runs, runs[1:]) if b[0] < a[1]]
     # Side by side, the second stage works on one request while the first takes the next.
     assert not overlaps if serial else overlaps
+
+
+@pytest.mark.parametrize("placement", ["workers", "inline"])
+@pytest.mark.parametrize("serial", [True, False], ids=["serial", "side-by-side"])
+def test_stages_load_and_compute_off_the_hosting_thread(placement, serial, no_orphans) -> None:
+    """OpenMP gives each thread that runs parallel work a pool of its own (ffai.pipeline.compute):
+    stages that take turns are made and run on one thread; stages side by side are made on a
+    thread that then ends, never on the thread hosting the pipeline."""
+    config = toy.turns_config(serial, factory="thread_probe", args=())
+    with Coordinator(config, placement=placement) as pipe:
+        no_orphans.extend(pipe.worker_pids().values())
+        (first, second) = pipe.submit(0, {"threads": []}).result(RESULT_TIMEOUT)["threads"]
+    made = {first[0], second[0]}
+    ran = {first[1], second[1]}
+    names = {name for name, _ in made | ran}
+    assert "MainThread" not in names
+    if serial:
+        assert made == ran and len(ran) == 1
+        assert names.pop().endswith("-compute")
+    else:
+        assert len(ran) == 2 and not made & ran
+        assert all(name.endswith("-load") for name, _ in made)

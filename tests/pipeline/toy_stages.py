@@ -254,11 +254,24 @@ def timed(payload: dict[str, Any]) -> dict[str, Any]:
     return {"ran": [*payload["ran"], (start, time.monotonic())]}
 
 
-def turns_config(serial: bool) -> PipelineConfig:
+def turns_config(serial: bool, factory: str = "make", args: tuple = ("timed",)) -> PipelineConfig:
     return PipelineConfig(
         stages=[
-            StageConfig("first", ref("make"), args=("timed",), next="second", process="one"),
-            StageConfig("second", ref("make"), args=("timed",), terminal=True, process="one"),
+            StageConfig("first", ref(factory), args=args, next="second", process="one"),
+            StageConfig("second", ref(factory), args=args, terminal=True, process="one"),
         ],
         processes=[ProcessConfig("one", serial=serial)],
     )
+
+
+def thread_probe():
+    """A stage that records which thread made it and which thread runs it: (factory's thread,
+    function's thread) appended to ``payload["threads"]``, by name and ident."""
+    here = threading.current_thread()
+    made = (here.name, here.ident)
+
+    def probe(payload: dict[str, Any]) -> dict[str, Any]:
+        now = threading.current_thread()
+        return {"threads": [*payload["threads"], (made, (now.name, now.ident))]}
+
+    return probe
