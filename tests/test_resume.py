@@ -24,11 +24,14 @@ from ffai.cli import run
 
 @pytest.fixture(scope="module")
 def clips(tmp_path_factory) -> list[Path]:
-    """Two clips of one name in two folders of one corpus folder (``clips[0].parent.parent``)."""
+    """Two clips of one name in two folders of one corpus folder (``clips[0].parent.parent``).
+    b is long (80 windows) so that the Ctrl-C test's signal, sent once b's first cue is on
+    disk, arrives well before b's last one: with 24 windows the tiny model sometimes finished b
+    between the check and the signal."""
     root = tmp_path_factory.mktemp("clips")
     return [
         make_clip(root / "a" / "clip.mp4", 2, fps=10, size=(64, 48)),
-        make_clip(root / "b" / "clip.mp4", 6, fps=10, size=(64, 48)),
+        make_clip(root / "b" / "clip.mp4", 20, fps=10, size=(64, 48)),
     ]
 
 
