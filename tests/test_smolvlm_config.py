@@ -9,10 +9,12 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from ffai.bench import checkpoints
 from ffai.errors import ModelError
 from ffai_smolvlm.config import ModelConfig
+from ffai_smolvlm.layers import bf16_packing_available
 from ffai_smolvlm.weights import (
     WEIGHT_NAMES,
     bfloat16_text_in_float32,
@@ -259,6 +261,30 @@ def test_tied_checkpoint_has_no_head_and_shares_it(tmp_path):
         assert "lm_head.weight" not in f.keys()
     model = load_model(tmp_path)
     assert model.text.lm_head.weight is model.text.embed_tokens.weight
+
+
+@pytest.mark.skipif(not bf16_packing_available(), reason="this CPU has no native bfloat16 matmul")
+def test_tied_bfloat16_head_is_the_embedding_table_read_as_bfloat16(tmp_path, monkeypatch):
+    """--dtype bfloat16 packs a tied head from the embedding table read from the file as
+    bfloat16, in blocks of rows (3 here, so the blocks split the table); the float32 table
+    stays for the lookups."""
+    import ffai_smolvlm.weights as weights
+
+    save_reference(variant_tied_biased(), tmp_path)
+    monkeypatch.setattr(weights, "CAST_BLOCK_BYTES", 3 * 4 * 96)  # 3 rows of the 96-wide table
+    model = load_model(tmp_path, dtype=torch.bfloat16)
+    table = model.text.embed_tokens.weight
+    assert table.dtype == torch.float32
+    x = torch.randn(4, 96)
+    assert torch.equal(model.text.lm_head(x), F.linear(x.bfloat16(), table.bfloat16()).float())
+    # The blockwise cast itself: 1024 rows in blocks of 3, the last one short.
+    from safetensors import safe_open
+
+    name = "model.text_model.embed_tokens.weight"
+    path = tmp_path / "model.safetensors"
+    with safe_open(str(path), framework="pt") as f, open(path, "rb") as raw:
+        read = weights._RawHeader(raw).read_into(name, torch.empty(1024, 96, dtype=torch.bfloat16), f)
+        assert torch.equal(read, f.get_tensor(name).bfloat16())
 
 
 # --- weights: the name table and error paths -----------------------------------------------

@@ -21,7 +21,13 @@ from ffai.engine import DecodingOptions, RuntimeOptions
 from ffai.errors import UsageError
 from ffai_smolvlm.engine import ENGINE
 from ffai_smolvlm.generate import prefill
-from ffai_smolvlm.layers import QUANTIZE_ROWS_BLOCK, QuantizedLinear, quantize_rows
+from ffai_smolvlm.layers import (
+    QUANTIZE_ROWS_BLOCK,
+    PackedBf16Linear,
+    QuantizedLinear,
+    bf16_packing_available,
+    quantize_rows,
+)
 from ffai_smolvlm.weights import load_model, vision_attention_dtype
 
 # Captured from real machines (first processor, flags abridged to those around the relevant ones).
@@ -255,12 +261,15 @@ def test_agreement_with_float32_on_the_tiny_checkpoint(monkeypatch, tiny_checkpo
 
 def test_bfloat16_holds_matmul_weights_in_bfloat16_and_the_text_stream_in_float32(tiny_checkpoint):
     model = load_model(tiny_checkpoint, dtype=torch.bfloat16)
-    linears = {f"{n}.weight" for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    packed = bf16_packing_available()
+    linears = {n for n, m in model.named_modules() if isinstance(m, (torch.nn.Linear, PackedBf16Linear))}
+    assert {type(model.get_submodule(n)) is PackedBf16Linear for n in linears} == {packed}
+    assert {"text.lm_head", "text.layers.0.mlp.gate_up", "vision.layers.0.mlp.fc1"} <= linears
     for name, param in model.named_parameters():
         # the vision tower wholly in bfloat16; the text tower's matmuls only
-        wide = name.startswith("text.") and name not in linears
+        wide = name.startswith("text.") and name.rpartition(".")[0] not in linears
         assert param.dtype == (torch.float32 if wide else torch.bfloat16), name
-    assert "text.embed_tokens.weight" not in linears and "text.lm_head.weight" in linears
+    assert "text.embed_tokens" not in linears
     assert model.text.reserve_cache(1, 10).dtype == torch.float32
     ids = torch.tensor([[1, 2, 3]])
     with torch.inference_mode():
@@ -308,3 +317,20 @@ def test_slow_dtype_warning_reaches_the_cli(monkeypatch, capsys, tiny_checkpoint
     assert "warning" not in err
     options = CaptionOptions(model=str(tiny_checkpoint), runtime=RuntimeOptions(dtype="bfloat16", device="cuda"))
     assert Captioner(options, video=False).notices == []  # the warning is about the CPU
+
+
+@pytest.mark.skipif(not bf16_packing_available(), reason="this CPU has no native bfloat16 matmul")
+def test_packed_bfloat16_linear_is_torchs_bfloat16_product():
+    """Several rows: F.linear's values in bfloat16 exactly (the same oneDNN kernel); one row (a
+    decode step): bfloat16 products with float32 sums, within bfloat16's rounding of the output."""
+    torch.manual_seed(0)
+    weight, bias = torch.randn(96, 40), torch.randn(96)
+    layer = PackedBf16Linear(weight, bias, parts=(32, 64))
+    assert layer.parts == (32, 64)
+    x = torch.randn(2, 5, 40)
+    y = layer(x)
+    assert y.dtype == torch.float32 and y.shape == (2, 5, 96)
+    expected = F.linear(x.bfloat16(), weight.bfloat16(), bias.bfloat16()).float()
+    assert torch.equal(y, expected)
+    one = layer(x[:1, :1])
+    assert torch.allclose(one, expected[:1, :1], rtol=2**-7, atol=1e-2)

@@ -28,12 +28,13 @@ from torch import nn
 from ffai.errors import ModelError
 
 from .config import ModelConfig
-from .layers import FusedLinear, QuantizedLinear
+from .layers import FusedLinear, PackedBf16Linear, QuantizedLinear, bf16_packing_available
 from .model import PARTS, Idefics3
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 TIED_HEAD = "lm_head.weight"
+EMBEDDINGS = "text.embed_tokens.weight"
 
 # checkpoint name -> module name; "{}" is a layer index, "[i]" the i-th part of a fused parameter
 # (its i-th block of rows). Biases a config turns off are simply absent from the module, so a
@@ -202,6 +203,7 @@ class _Reader:
             if layer in self.pending and slot.param in wanted:
                 self.pending[layer].add(target)
         self.quantized: dict[str, QuantizedLinear] = {}
+        self.embeddings_at: tuple[Path, str] | None = None  # (file, tensor name) of the embedding table
 
     def read(self, path: Path) -> None:
         from safetensors import SafetensorError, safe_open
@@ -223,6 +225,8 @@ class _Reader:
         if target in self.seen:
             raise ModelError(f"{path}: tensor {name} appears twice in the checkpoint")
         self.seen.add(target)
+        if target == EMBEDDINGS:
+            self.embeddings_at = (path, name)
         slot = self.expected[target]
         found = tuple(f.get_slice(name).get_shape())
         if found != slot.shape:
@@ -267,6 +271,7 @@ class _Reader:
 
 
 _FILE_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+CAST_BLOCK_BYTES = 8 << 20  # file bytes staged at a time when a tensor is read with a cast
 
 
 class _RawHeader:
@@ -290,14 +295,28 @@ class _RawHeader:
         begin, end = entry["data_offsets"]
         if dtype is None:  # a dtype read only through safetensors itself
             return dst.copy_(f.get_tensor(name))
-        direct = dtype == dst.dtype and dst.device.type == "cpu"
-        into = dst if direct else torch.empty(dst.shape, dtype=dtype)
-        if end - begin != into.numel() * into.element_size():
+        if end - begin != dst.numel() * torch.empty((), dtype=dtype).element_size():
             raise ValueError(f"tensor {name}: {end - begin} bytes for shape {list(dst.shape)}")
-        self.raw.seek(self.data_start + begin)
-        if self.raw.readinto(memoryview(into.view(torch.uint8).numpy()).cast("B")) != end - begin:
+        if dtype == dst.dtype and dst.device.type == "cpu":
+            self._read(name, self.data_start + begin, dst)
+            return dst
+        # A cast goes through a staging buffer of the file's dtype, a block of rows at a time, so
+        # casting the 113 MB embedding table stages 8 MB of it, not all of it.
+        rows = dst.shape[0] if dst.dim() else 1
+        row_bytes = (end - begin) // max(rows, 1)
+        block = max(1, CAST_BLOCK_BYTES // max(row_bytes, 1))
+        for start in range(0, rows, block):
+            part = dst[start : start + block] if dst.dim() else dst
+            staged = torch.empty(part.shape, dtype=dtype)
+            self._read(name, self.data_start + begin + start * row_bytes, staged)
+            part.copy_(staged)
+        return dst
+
+    def _read(self, name: str, offset: int, into: torch.Tensor) -> None:
+        size = into.numel() * into.element_size()
+        self.raw.seek(offset)
+        if size and self.raw.readinto(memoryview(into.view(torch.uint8).numpy()).cast("B")) != size:
             raise ValueError(f"tensor {name}: file ends inside its data")
-        return dst if direct else dst.copy_(into)
 
 
 # The int8 layers whose prefill rows run in float32 (QuantizedLinear's float_rows): the text
@@ -336,6 +355,26 @@ def vision_attention_dtype(dtype: torch.dtype, device="cpu") -> torch.dtype | No
     from ffai import cpu
 
     return torch.bfloat16 if cpu.host().bf16_attention else torch.float32
+
+
+def _pack_bf16_linears(model: Idefics3, tied_head: tuple[Path, str] | None) -> None:
+    """Every linear layer as a :class:`PackedBf16Linear`, one at a time (each bfloat16 weight is
+    dropped as its packed copy is made). A head tied to the float32 embedding table gets a
+    bfloat16 copy of it read from the file, not through the map: the table stays mapped for the
+    rows a prompt looks up, where before every decode step's head read all of it (113 MB of
+    mapped pages resident) in float32."""
+    for name in [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]:  # names: no module held
+        layer = model.get_submodule(name)
+        if tied_head is not None and name == "text.lm_head":
+            from safetensors import safe_open
+
+            path, tensor = tied_head
+            with safe_open(str(path), framework="pt", device="cpu") as f, open(path, "rb") as raw:
+                weight = _RawHeader(raw).read_into(tensor, torch.empty(layer.weight.shape, dtype=torch.bfloat16), f)
+        else:
+            weight = layer.weight
+        model.set_submodule(name, PackedBf16Linear(weight, layer.bias, getattr(layer, "parts", ())))
+        del weight, layer
 
 
 def int8_reduce_range() -> bool:
@@ -394,8 +433,11 @@ def load_model(
     if tie:
         state["text.lm_head.weight"] = state["text.embed_tokens.weight"]
     model.load_state_dict(state, strict=True, assign=True)
+    state.clear()
     if tie:
         model.text.lm_head.weight = model.text.embed_tokens.weight  # assign=True made two Parameters
+    if dtype == torch.bfloat16 and bf16_packing_available(device):
+        _pack_bf16_linears(model, reader.embeddings_at if tie else None)
     if model.vision is not None:
         for layer in model.vision.layers:
             layer.self_attn.attention_dtype = vision_attention_dtype(dtype, device)
