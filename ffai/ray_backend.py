@@ -296,6 +296,21 @@ class RayBackend:
         model_dir = str(c.model_dir.absolute())  # the actors' working folder is not ours
         return actor_class.remote(list(c.engine.stages()), model_dir, runtime, plan.threads, ACTOR_IN_FLIGHT)
 
+    def wait_for_actors(self, timeout: float = START_TIMEOUT_S) -> int:
+        """Wait up to ``timeout`` seconds for every actor to load; how many are up. A run starts
+        with the first actor and the others join as they load; a caller that wants the whole pool
+        from the first window (the node fault test) calls this first."""
+        ray = self._ray
+        starting = {slot.starting: slot for slot in self._slots if slot.starting is not None}
+        if starting:
+            ready, _ = ray.wait(list(starting), num_returns=len(starting), timeout=timeout)
+            for ref in ready:
+                _, error = ray.get(ref)
+                if error is not None:
+                    raise FfaiError(error)
+                starting[ref].ready, starting[ref].starting = True, None
+        return sum(1 for slot in self._slots if slot.ready)
+
     def actors_working(self) -> int:
         """How many actors are up and hold windows right now (the node fault test waits for
         every actor to hold some before it removes a node)."""

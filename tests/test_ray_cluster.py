@@ -37,8 +37,8 @@ def test_node_removed_mid_run(tmp_path):
         cluster.wait_for_nodes()
         with RayBackend(OPTIONS) as backend:
             assert backend.plan.actors == 2  # one per node
-            # The node goes once both actors hold windows: the worker's actor has loaded (on a
-            # loaded machine the head's may answer the first cues alone) and has work to lose.
+            assert backend.wait_for_actors() == 2  # the worker node's actor too, before any window
+            # The node goes once both actors hold windows, so the worker's has work to lose.
             both_working = lambda: backend.actors_working() == 2  # noqa: E731
             faulty = FaultAfterFirstCue(backend, lambda: cluster.remove_node(worker), both_working)
             (tmp_path / "ray").mkdir()
