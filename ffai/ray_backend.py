@@ -276,11 +276,7 @@ class RayBackend:
                     f"--ray: no engine actor ({p.cpus:g} CPUs, {p.gpus:g} GPUs each) could start on the Ray cluster "
                     f"within {START_TIMEOUT_S:g} s; it may be full: see --ray-cpus-per-actor and --ray-actors"
                 )
-            slot = starting.pop(ready[0])
-            _, error = ray.get(ready[0])
-            if error is not None:
-                raise FfaiError(error)
-            slot.ready, slot.starting = True, None
+            _mark_loaded(ray, starting.pop(ready[0]), ready[0])
 
     def _new_actor(self) -> Any:
         ray, plan, c = self._ray, self.plan, self.captioner
@@ -305,10 +301,7 @@ class RayBackend:
         if starting:
             ready, _ = ray.wait(list(starting), num_returns=len(starting), timeout=timeout)
             for ref in ready:
-                _, error = ray.get(ref)
-                if error is not None:
-                    raise FfaiError(error)
-                starting[ref].ready, starting[ref].starting = True, None
+                _mark_loaded(ray, starting[ref], ref)
         return sum(1 for slot in self._slots if slot.ready)
 
     def actors_working(self) -> int:
@@ -566,6 +559,14 @@ class _Run:
             slot.ready = True
         elif not any(s.ready for s in self.backend._slots):
             raise FfaiError(f"a new Ray actor for the engine failed to start: {error}")
+
+
+def _mark_loaded(ray: Any, slot: _Slot, ref: Any) -> None:
+    """The slot's actor answered its ``ready()`` (``ref``): up, or its engine's load error raised."""
+    _, error = ray.get(ref)
+    if error is not None:
+        raise FfaiError(error)
+    slot.ready, slot.starting = True, None
 
 
 @contextmanager

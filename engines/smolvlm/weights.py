@@ -295,7 +295,7 @@ class _RawHeader:
         begin, end = entry["data_offsets"]
         if dtype is None:  # a dtype read only through safetensors itself
             return dst.copy_(f.get_tensor(name))
-        if end - begin != dst.numel() * torch.empty((), dtype=dtype).element_size():
+        if end - begin != dst.numel() * dtype.itemsize:
             raise ValueError(f"tensor {name}: {end - begin} bytes for shape {list(dst.shape)}")
         if dtype == dst.dtype and dst.device.type == "cpu":
             self._read(name, self.data_start + begin, dst)

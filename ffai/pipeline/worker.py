@@ -72,15 +72,10 @@ class Channel:
 
 
 def make_scheduler(config: StageConfig, compute: ComputeThread | None = None) -> Scheduler:
-    """Run the stage's factory (on ``compute``, when given); wrap a plain function in a
-    SimpleScheduler. With ``compute``, the function runs on that thread, where the process's
-    stages take turns (``ffai.pipeline.compute``)."""
-    factory = resolve(config.factory)
-    made = (
-        factory(*config.args, **config.kwargs)
-        if compute is None
-        else compute.run(factory, *config.args, **config.kwargs)
-    )
+    """Run the stage's factory; wrap a plain function in a SimpleScheduler. With ``compute``, the
+    function runs on that thread, where the process's stages take turns
+    (``ffai.pipeline.compute``)."""
+    made = resolve(config.factory)(*config.args, **config.kwargs)
     batching = config.max_batch_size > 1 or config.max_batch_wait_ms > 0 or config.batch_wait_when_idle
     if isinstance(made, Scheduler):
         if batching:
@@ -152,10 +147,7 @@ class WorkerHost:
         try:
             for name in self.stage_names:
                 stage_config = self.config.stage(name)
-                if self._compute is not None:
-                    scheduler = make_scheduler(stage_config, self._compute)
-                else:
-                    scheduler = loader.run(make_scheduler, stage_config)
+                scheduler = loader.run(make_scheduler, stage_config, self._compute)
                 self.stages[name] = Stage(stage_config, scheduler, self._send)
         finally:
             if loader is not self._compute:
