@@ -28,7 +28,8 @@ from ffai_smolvlm.layers import (
     bf16_packing_available,
     quantize_rows,
 )
-from ffai_smolvlm.weights import load_model, vision_attention_dtype
+from ffai_smolvlm.vision import blocked_attention
+from ffai_smolvlm.weights import ATTENTION_BLOCK, load_model, vision_attention
 
 # Captured from real machines (first processor, flags abridged to those around the relevant ones).
 EPYC_ZEN4 = """processor\t: 0
@@ -91,10 +92,36 @@ def test_cpuinfo_of_other_cpus():
     assert blind.slow_dtype_warning("bfloat16") is None
 
 
-def test_bf16_attention_only_where_the_cpu_has_amx_bf16():
-    assert cpu.parse_cpuinfo(SAPPHIRE_RAPIDS).bf16_attention
-    for text in (EPYC_ZEN4, AVX2_ONLY, GRAVITON3, SSE_ONLY, "processor\t: 0\n"):
-        assert not cpu.parse_cpuinfo(text).bf16_attention
+def test_bf16_attention_by_the_cpus_bf16_instructions():
+    assert cpu.parse_cpuinfo(SAPPHIRE_RAPIDS).bf16_attention == "sdpa"
+    assert cpu.parse_cpuinfo(EPYC_ZEN4).bf16_attention == "blocked"
+    for text in (AVX2_ONLY, GRAVITON3, SSE_ONLY, "processor\t: 0\n"):
+        assert cpu.parse_cpuinfo(text).bf16_attention is None
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_blocked_attention_is_softmax_attention(masked):
+    """In float32 the blocks give SDPA's values to float32's rounding, masked or not, with a last
+    block shorter than the others; in bfloat16 they stay as close to float32 as bfloat16 SDPA."""
+    torch.manual_seed(0)
+    n, h, t, hd = 2, 3, 100, 16
+    q, k, v = (torch.randn(n, h, t, hd) * 2 for _ in range(3))
+    mask = None
+    if masked:
+        mask = torch.ones(n, 1, 1, t, dtype=torch.bool)
+        mask[1, ..., 70:] = False  # the second sequence's last 30 keys are padding
+    exact = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=hd**-0.5).transpose(1, 2).reshape(n, t, -1)
+    blocked = blocked_attention(q, k, v, mask, hd**-0.5, 32)
+    assert blocked.shape == (n, t, h * hd)
+    torch.testing.assert_close(blocked, exact, rtol=1e-5, atol=1e-5)
+    low = [x.to(torch.bfloat16) for x in (q, k, v)]
+    sdpa16 = F.scaled_dot_product_attention(*low, attn_mask=mask, scale=hd**-0.5).transpose(1, 2).reshape(n, t, -1)
+    blocked16 = blocked_attention(*low, mask, hd**-0.5, 32)
+    assert blocked16.dtype == torch.bfloat16
+    assert _cosine(blocked16, exact) >= min(0.9999, _cosine(sdpa16, exact) - 1e-5)
+    if masked:  # a padded key changes nothing: the same output as without those keys at all
+        alone = blocked_attention(q[1:, :, :70], k[1:, :, :70], v[1:, :, :70], None, hd**-0.5, 32)
+        torch.testing.assert_close(blocked[1, :70], alone[0], rtol=1e-5, atol=1e-5)
 
 
 def test_slow_dtype_warning_names_the_cpu_and_the_missing_flags():
@@ -221,33 +248,38 @@ def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
 BOUNDS = {"int8": (0.9995, 0.999), "bfloat16": (0.9999, 0.9999)}
 
 
-def _vision_attention_dtypes(model) -> set:
-    return {layer.self_attn.attention_dtype for layer in model.vision.layers}
+def _vision_attention(model) -> set:
+    return {(layer.self_attn.attention_dtype, layer.self_attn.attention_block) for layer in model.vision.layers}
+
+
+HOSTS = {"amx": SAPPHIRE_RAPIDS, "zen4": EPYC_ZEN4, "avx2": AVX2_ONLY}
 
 
 @pytest.mark.parametrize("dtype", ["float32", "int8", "bfloat16"])
-def test_the_vision_tower_attends_in_the_dtype_the_cpu_runs_fastest(monkeypatch, tiny_checkpoint, dtype):
-    """float32 attends in its own dtype (the exact path); the opt-in dtypes in bfloat16 with
-    AMX-BF16 and in float32 on other CPUs, whatever their weights' dtype."""
-    for info, expected in ((SAPPHIRE_RAPIDS, torch.bfloat16), (EPYC_ZEN4, torch.float32), (AVX2_ONLY, torch.float32)):
+def test_the_vision_tower_attends_as_the_cpu_runs_fastest(monkeypatch, tiny_checkpoint, dtype):
+    """float32 attends in its own dtype (the exact path); the opt-in dtypes, whatever their
+    weights' dtype, in bfloat16 SDPA with AMX-BF16, by bfloat16 blocks with AVX512_BF16 alone,
+    and in float32 SDPA on other CPUs."""
+    expected = {"amx": (torch.bfloat16, None), "zen4": (torch.bfloat16, ATTENTION_BLOCK), "avx2": (torch.float32, None)}
+    for host, info in HOSTS.items():
         monkeypatch.setattr(cpu, "host", lambda info=info: cpu.parse_cpuinfo(info))
         model = load_model(tiny_checkpoint, dtype=getattr(torch, dtype), parts=("vision",))
-        assert _vision_attention_dtypes(model) == ({None} if dtype == "float32" else {expected}), info
+        assert _vision_attention(model) == ({(None, None)} if dtype == "float32" else {expected[host]}), host
         # a GPU attends in the activations' own dtype, whatever the host CPU has
-        assert vision_attention_dtype(getattr(torch, dtype), "cuda") is None
+        assert vision_attention(getattr(torch, dtype), "cuda") == (None, None)
 
 
-@pytest.mark.parametrize("host", ["this", "amx"])
+@pytest.mark.parametrize("host", ["this", *HOSTS])
 @pytest.mark.parametrize("dtype", ["int8", "bfloat16"])
 def test_agreement_with_float32_on_the_tiny_checkpoint(monkeypatch, tiny_checkpoint, dtype, host):
-    """On this machine's CPU, and as loaded for an AMX-BF16 CPU (bfloat16 attention), which this
-    machine runs too, slower."""
+    """On this machine's CPU, and as loaded for each kind of CPU's attention (bfloat16 SDPA,
+    bfloat16 blocks, float32 SDPA), all of which this machine runs, some slower."""
     exact = ENGINE.load(tiny_checkpoint, RuntimeOptions(dtype="float32", device="cpu"))
-    if host == "amx":
-        monkeypatch.setattr(cpu, "host", lambda: cpu.parse_cpuinfo(SAPPHIRE_RAPIDS))
+    if host != "this":
+        monkeypatch.setattr(cpu, "host", lambda: cpu.parse_cpuinfo(HOSTS[host]))
     fast = ENGINE.load(tiny_checkpoint, RuntimeOptions(dtype=dtype, device="cpu"))
-    if host == "amx":
-        assert _vision_attention_dtypes(fast.vision.net) == {torch.bfloat16}
+    if host != "this":
+        assert len(_vision_attention(fast.vision.net)) == 1
     embeds_bound, logits_bound = BOUNDS[dtype]
     for seed in range(2):
         image = _image(seed)

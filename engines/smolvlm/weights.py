@@ -343,18 +343,25 @@ def bfloat16_text_in_float32(model: Idefics3) -> frozenset[str]:
     return frozenset(f"text.{n}" for n, _ in model.text.named_parameters()) - linear
 
 
-def vision_attention_dtype(dtype: torch.dtype, device="cpu") -> torch.dtype | None:
-    """The dtype the vision tower attends in for a load in ``dtype`` on ``device``
-    (``VisionAttention``): the activations' own (None) for float32 and off the CPU; on the CPU,
-    for the opt-in dtypes, bfloat16 where it has AMX-BF16 and float32 elsewhere
-    (``cpu.CpuInfo.bf16_attention`` says why). On an AVX512_BF16 CPU without AMX that makes
-    ``--dtype bfloat16``'s tower attend in float32 too: its tiles' cosine with float32 stayed
-    0.99993 on the real-shape checkpoint."""
+# Query rows per block where the vision tower attends by blocks (vision.blocked_attention):
+# 128 and 256 measured alike on a real-shape tile, 64 slower (more, smaller matmuls).
+ATTENTION_BLOCK = 128
+
+
+def vision_attention(dtype: torch.dtype, device="cpu") -> tuple[torch.dtype | None, int | None]:
+    """How the vision tower attends for a load in ``dtype`` on ``device`` (``VisionAttention``):
+    the dtype (None: the activations' own) and the query rows per block (None: torch's SDPA).
+    float32 and every load off the CPU: SDPA in the activations' dtype, the exact path. On the
+    CPU, for the opt-in dtypes, as ``cpu.CpuInfo.bf16_attention`` says: bfloat16 SDPA with AMX,
+    bfloat16 by blocks with AVX512_BF16 alone, float32 SDPA elsewhere."""
     if dtype == torch.float32 or torch.device(device).type != "cpu":
-        return None
+        return None, None
     from ffai import cpu
 
-    return torch.bfloat16 if cpu.host().bf16_attention else torch.float32
+    kind = cpu.host().bf16_attention
+    if kind is None:
+        return torch.float32, None
+    return torch.bfloat16, ATTENTION_BLOCK if kind == "blocked" else None
 
 
 def _pack_bf16_linears(model: Idefics3, tied_head: tuple[Path, str] | None) -> None:
@@ -439,6 +446,7 @@ def load_model(
     if dtype == torch.bfloat16 and bf16_packing_available(device):
         _pack_bf16_linears(model, reader.embeddings_at if tie else None)
     if model.vision is not None:
+        attention_dtype, block = vision_attention(dtype, device)
         for layer in model.vision.layers:
-            layer.self_attn.attention_dtype = vision_attention_dtype(dtype, device)
+            layer.self_attn.attention_dtype, layer.self_attn.attention_block = attention_dtype, block
     return model.eval().requires_grad_(False)
