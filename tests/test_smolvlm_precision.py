@@ -25,6 +25,7 @@ from ffai_smolvlm.layers import (
     QUANTIZE_ROWS_BLOCK,
     PackedBf16Linear,
     QuantizedLinear,
+    RowScaledLinear,
     bf16_packing_available,
     quantize_rows,
 )
@@ -165,21 +166,19 @@ def test_int8_model_holds_no_float32_copy_of_a_quantised_weight(tiny_checkpoint,
     assert any(n.endswith("self_attn.qkv") for n in linears) and any(n.endswith("mlp.fc1") for n in linears)
     for name in linears:
         layer = int8_model.get_submodule(name)
-        assert isinstance(layer, QuantizedLinear), name
+        row_scaled = (name.startswith("text.layers.") and name.endswith(".mlp.down_proj")) or name.startswith(
+            "connector."
+        )
+        assert isinstance(layer, RowScaledLinear if row_scaled else QuantizedLinear), name
         assert not list(layer.parameters()) and not list(layer.buffers()), name
-        qweight, bias = torch.ops.quantized.linear_unpack(layer.packed)
         reference = exact.get_submodule(name)
-        assert qweight.dtype == torch.qint8 and qweight.shape == reference.weight.shape
-        # one scale per output row, zero points 0: symmetric per-channel
-        assert qweight.qscheme() == torch.per_channel_affine and qweight.q_per_channel_axis() == 0
-        assert not qweight.q_per_channel_zero_points().any()
+        int8, step, bias = _int8_weight(layer)
+        assert int8.dtype == torch.int8 and int8.shape == reference.weight.shape
         assert layer.parts == getattr(reference, "parts", ())
-        assert layer.float_rows == (name.startswith("text.layers.") and name.endswith(".mlp.down_proj")), name
         if reference.bias is not None:
             assert torch.equal(bias, reference.bias)
         # the int8 weight is the float weight to within half a step of its row's scale
-        step = qweight.q_per_channel_scales().float()[:, None]
-        assert ((qweight.dequantize() - reference.weight).abs() <= step / 2 + 1e-7).all(), name
+        assert ((int8 * step[:, None] - reference.weight).abs() <= step[:, None] / 2 + 1e-7).all(), name
     quantised = {f"{name}.weight" for name in linears}
     held = dict(int8_model.named_parameters())
     assert not quantised & set(held)
@@ -207,19 +206,40 @@ def test_quantize_rows_equals_torch_quantize_per_channel():
     assert torch.equal(quantize_rows(w, scale), reference)
 
 
-def test_int8_float_rows_layer_multiplies_prefill_rows_in_float32(int8_model):
-    layer = int8_model.text.layers[0].mlp.down_proj
-    assert layer.float_rows
+def _int8_weight(layer) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """An int8 layer's (out, in) int8 weight, its per-row float32 scales and its bias."""
+    if isinstance(layer, RowScaledLinear):
+        return layer.int8_weight, layer.scale, layer.bias
     qweight, bias = torch.ops.quantized.linear_unpack(layer.packed)
+    # one scale per output row, zero points 0: symmetric per-channel
+    assert qweight.qscheme() == torch.per_channel_affine and qweight.q_per_channel_axis() == 0
+    assert not qweight.q_per_channel_zero_points().any()
+    return qweight.int_repr(), qweight.q_per_channel_scales().float(), bias
+
+
+@pytest.mark.parametrize("rows_dtype", [torch.bfloat16, torch.float32])
+def test_row_scaled_layer_gives_every_row_its_own_range(rows_dtype):
+    """A prefill's rows far apart in range: each keeps its precision, which the fbgemm layer's
+    one activation scale for all rows loses; one row (a decode step) goes through int8 with its
+    own scale; the int8 weight is the fbgemm layer's own, bit for bit."""
     gen = torch.Generator().manual_seed(0)
-    rows = torch.randn(1, 5, layer.in_features, generator=gen) * torch.logspace(-3, 1, 5)[None, :, None]  # far apart
-    assert torch.equal(layer(rows), F.linear(rows, qweight.dequantize(), bias))
-    one = rows[:, -1:]
-    assert torch.equal(layer(one), torch.ops.quantized.linear_dynamic(one, layer.packed, layer.reduce_range))
-    # the smallest row keeps its precision, which one shared activation scale would lose
-    exact = F.linear(rows, qweight.dequantize(), bias)[0, 0]
-    shared = torch.ops.quantized.linear_dynamic(rows, layer.packed, layer.reduce_range)[0, 0]
-    assert _cosine(shared, exact) < 0.99
+    weight, bias = torch.randn(48, 96, generator=gen) * 0.05, torch.randn(48, generator=gen)
+    layer = RowScaledLinear(weight, bias, rows_dtype=rows_dtype)
+    shared = QuantizedLinear(weight, bias, reduce_range=False)
+    int8, step, _ = _int8_weight(shared)
+    assert torch.equal(layer.int8_weight, int8) and torch.equal(layer.scale, step)
+    dequantised = layer.int8_weight.float() * layer.scale[:, None]
+    rows = torch.randn(1, 5, 96, generator=gen) * torch.logspace(-3, 1, 5)[None, :, None]  # far apart
+    rows[..., :3] *= 30  # and a few outlier channels, as silu(gate) * up has
+    exact = F.linear(rows, dequantised, bias)
+    y = layer(rows)
+    assert y.shape == exact.shape and y.dtype == torch.float32
+    for r in range(5):
+        assert _cosine(y[0, r] - bias, exact[0, r] - bias) > (0.9999 if rows_dtype == torch.bfloat16 else 0.999999)
+    assert _cosine(shared(rows)[0, 0] - bias, exact[0, 0] - bias) < 0.99  # one shared scale loses the small row
+    one = rows[:, -1:]  # a decode step: int8 by its own range, about as close as fbgemm's dynamic kernel
+    assert _cosine(layer(one) - bias, exact[:, -1:] - bias) > 0.999
+    assert not torch.equal(layer(one), exact[:, -1:])
 
 
 def _image(seed: int) -> Image.Image:

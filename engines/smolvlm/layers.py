@@ -99,39 +99,73 @@ class QuantizedLinear(nn.Module):
     saturates in 16 bits (AVX2's vpmaddubsw); AVX-512 VNNI sums u8 x s8 straight into 32 bits,
     so there all 8 bits are used (``weights.int8_reduce_range``): on the real-shape checkpoint
     that took the tile embeddings' cosine with float32 from 0.9984 to 0.9994.
-
-
-    ``float_rows``: an input of several rows (a prefill) is multiplied in float32 by the int8
-    weight dequantised for the call, instead of being quantised itself. The dynamic kernels give
-    all rows of a call one activation scale, which loses the small rows of a prefill to its
-    largest; a one-row input (a decode step) has its own scale and stays on the int8 kernel.
-    ``weights.INT8_FLOAT_ROWS`` says which layers need it.
     """
 
     def __init__(
-        self,
-        weight: torch.Tensor,
-        bias: torch.Tensor | None,
-        *,
-        reduce_range: bool,
-        parts: tuple[int, ...] = (),
-        float_rows: bool = False,
-    ) -> None:
+        self, weight: torch.Tensor, bias: torch.Tensor | None, *, reduce_range: bool, parts: tuple[int, ...] = ()
+    ):
         super().__init__()
         self.out_features, self.in_features = weight.shape
         self.parts = parts
         self.reduce_range = reduce_range
-        self.float_rows = float_rows
         self.packed = pack_int8(weight, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.float_rows and x.numel() != self.in_features:
-            weight, bias = torch.ops.quantized.linear_unpack(self.packed)
-            return F.linear(x, weight.dequantize(), bias)
         return torch.ops.quantized.linear_dynamic(x, self.packed, self.reduce_range)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8"
+
+
+class RowScaledLinear(nn.Module):
+    """An int8 linear layer (``--dtype int8``) for inputs whose rows differ in range by orders of
+    magnitude: the same int8 weight as :class:`QuantizedLinear` (symmetric, one scale per
+    output row), held plain, (out, in) int8, and no activation scale shared between rows.
+
+    fbgemm's dynamic kernel gives all rows of a call one activation scale, which loses the small
+    rows of a prefill to its largest. So here one row (a decode step) is quantised to int8 by its
+    own range and multiplied by ``torch._int_mm`` (int32 sums); several rows (a prefill) are
+    multiplied in ``rows_dtype`` by the int8 weight cast exactly to it (int8 values are exact in
+    bfloat16), then scaled by row in float32: bfloat16 where the CPU multiplies it natively, where
+    its 8-bit mantissa is relative to each value, so no row and no channel is lost to another;
+    float32 elsewhere. ``weights.INT8_ROW_SCALED`` says which layers need it.
+
+    Measured on an AVX512_BF16 Zen 4, 2 threads, the text MLP's down projection (1536 -> 576):
+    600 rows 2.7 ms, 100 rows 0.57 ms, against 6.9 and 2.5 ms when the rows were multiplied in
+    float32 by the fbgemm weight unpacked and dequantised at every call (the unpacking alone
+    1.2 ms), with the output's cosine with float32 0.999997; one row 28 µs against fbgemm's 21.
+    """
+
+    def __init__(
+        self, weight: torch.Tensor, bias: torch.Tensor | None, *, rows_dtype: torch.dtype, parts: tuple[int, ...] = ()
+    ) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.parts = parts
+        self.rows_dtype = rows_dtype
+        w = weight.detach().to(torch.float32)
+        low, high = torch.aminmax(w, dim=1)
+        scale = (torch.maximum(-low, high) / 127.0).clamp(min=1e-12)
+        # Plain attributes, not buffers: int8 runs on the CPU only, and nothing here is trained.
+        self.int8_weight = quantize_rows(w, scale)  # (out, in) int8
+        self.scale = scale  # (out,) float32
+        self.bias = None if bias is None else bias.detach().to(torch.float32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)
+        if rows.shape[0] == 1:
+            step = rows.abs().amax(-1, keepdim=True).clamp_(min=1e-30).div_(127.0)  # (1, 1)
+            y = torch._int_mm(torch.div(rows, step).round_().to(torch.int8), self.int8_weight.t())
+            y = torch.mul(y, step * self.scale)  # int32 sums -> float32
+        else:
+            y = F.linear(rows.to(self.rows_dtype), self.int8_weight.to(self.rows_dtype))
+            y = torch.mul(y, self.scale) if y.dtype == torch.float32 else y.float().mul_(self.scale)
+        if self.bias is not None:
+            y = y.add_(self.bias)
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 by row ({self.rows_dtype})"
 
 
 def pack_int8(weight: torch.Tensor, bias: torch.Tensor | None):

@@ -28,7 +28,7 @@ from torch import nn
 from ffai.errors import ModelError
 
 from .config import ModelConfig
-from .layers import FusedLinear, PackedBf16Linear, QuantizedLinear, bf16_packing_available
+from .layers import FusedLinear, PackedBf16Linear, QuantizedLinear, RowScaledLinear, bf16_packing_available
 from .model import PARTS, Idefics3
 
 SINGLE_FILE = "model.safetensors"
@@ -202,7 +202,7 @@ class _Reader:
             layer = slot.param.rpartition(".")[0]
             if layer in self.pending and slot.param in wanted:
                 self.pending[layer].add(target)
-        self.quantized: dict[str, QuantizedLinear] = {}
+        self.quantized: dict[str, QuantizedLinear | RowScaledLinear] = {}
         self.embeddings_at: tuple[Path, str] | None = None  # (file, tensor name) of the embedding table
 
     def read(self, path: Path) -> None:
@@ -257,10 +257,11 @@ class _Reader:
             weight = self.state.pop(f"{layer}.weight")
             bias = self.state.pop(f"{layer}.bias", None)
             parts = getattr(self.linears[layer], "parts", ())
-            float_rows = bool(INT8_FLOAT_ROWS.match(layer))
-            self.quantized[layer] = QuantizedLinear(
-                weight, bias, reduce_range=self.reduce_range, parts=parts, float_rows=float_rows
-            )
+            if INT8_ROW_SCALED.match(layer):
+                rows_dtype = torch.bfloat16 if bf16_packing_available() else torch.float32
+                self.quantized[layer] = RowScaledLinear(weight, bias, rows_dtype=rows_dtype, parts=parts)
+            else:
+                self.quantized[layer] = QuantizedLinear(weight, bias, reduce_range=self.reduce_range, parts=parts)
 
     def _empty(self, shape, param: str) -> torch.Tensor:
         dtype = torch.float32 if param in self.float32 else self.dtype
@@ -319,13 +320,17 @@ class _RawHeader:
             raise ValueError(f"tensor {name}: file ends inside its data")
 
 
-# The int8 layers whose prefill rows run in float32 (QuantizedLinear's float_rows): the text
-# MLP's down projection, whose input silu(gate) * up spreads over a far wider range from token to
-# token than any other layer's. Measured on the real-shape checkpoint (frame and window cases,
-# cosine of the prefill logits with float32): all int8 0.9951 / 0.9942, below the 0.995 the
-# issue asks; down_proj's prefill rows in float32 0.9981 / 0.9977 (per-token int8 scales got
-# 0.9966 / 0.9965; float32 q/k/v, o_proj, gate/up or LM head instead gained at most 0.001).
-INT8_FLOAT_ROWS = re.compile(r"text\.layers\.\d+\.mlp\.down_proj$")
+# The int8 layers held as RowScaledLinear (no activation scale shared between a call's rows; several
+# rows multiplied in bfloat16 where the CPU has it). The text MLP's down projection, whose input
+# silu(gate) * up spreads over a far wider range from token to token than any other layer's:
+# measured on the real-shape checkpoint (frame and window cases, cosine of the prefill logits
+# with float32), all fbgemm int8 0.9951 / 0.9942, below the 0.995 the issue asks; down_proj's
+# prefill rows in float32 0.9981 / 0.9977 (per-token int8 scales 0.9966 / 0.9965). And the
+# connector, whose 12288 inputs (16 patches side by side) lose the most to one activation range:
+# the still case (13 tiles, 874 prompt tokens) 0.99482 with it in fbgemm int8, 0.99576 with it
+# by row in bfloat16 (which costs 13 ms of the still's 10 s); the same for the text tower's other
+# linears gained 0.0005-0.0007 each, for 15-20 µs more per decode step each (int8 by row).
+INT8_ROW_SCALED = re.compile(r"text\.layers\.\d+\.mlp\.down_proj$|connector\.modality_projection\.proj$")
 
 
 def bfloat16_text_in_float32(model: Idefics3) -> frozenset[str]:
@@ -400,7 +405,7 @@ def load_model(
     ``parts`` picks what to hold in memory ("vision", "text"); the whole checkpoint is checked
     either way, so a folder loads for one part exactly when it loads for all. ``dtype=torch.int8``
     holds every linear layer (both towers, the connector, the LM head) as a
-    :class:`QuantizedLinear` and everything else (embeddings, norms, the patch convolution) in
+    :class:`QuantizedLinear` (those ``INT8_ROW_SCALED`` names as a :class:`RowScaledLinear`) and everything else (embeddings, norms, the patch convolution) in
     float32; it runs on the CPU only.
     """
     model_dir = Path(model_dir)
