@@ -133,7 +133,8 @@ class RowScaledLinear(nn.Module):
     Measured on an AVX512_BF16 Zen 4, 2 threads, the text MLP's down projection (1536 -> 576):
     600 rows 2.7 ms, 100 rows 0.57 ms, against 6.9 and 2.5 ms when the rows were multiplied in
     float32 by the fbgemm weight unpacked and dequantised at every call (the unpacking alone
-    1.2 ms), with the output's cosine with float32 0.999997; one row 28 µs against fbgemm's 21.
+    1.2 ms), with the output's cosine with float32 0.999997; one row 35 µs against fbgemm's 26
+    (``torch._int_mm`` alone 15).
     """
 
     def __init__(
@@ -153,10 +154,10 @@ class RowScaledLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
-        if rows.shape[0] == 1:
-            step = rows.abs().amax(-1, keepdim=True).clamp_(min=1e-30).div_(127.0)  # (1, 1)
-            y = torch._int_mm(torch.div(rows, step).round_().to(torch.int8), self.int8_weight.t())
-            y = torch.mul(y, step * self.scale)  # int32 sums -> float32
+        if rows.shape[0] == 1:  # the step as a Python float: fewer ops (int8 is CPU-only, no sync)
+            step = max(float(rows.abs().max()), 1e-30) / 127.0
+            y = torch._int_mm(torch.mul(rows, 1.0 / step).round_().to(torch.int8), self.int8_weight.t())
+            y = torch.mul(y, self.scale * step)  # int32 sums -> float32
         else:
             y = F.linear(rows.to(self.rows_dtype), self.int8_weight.to(self.rows_dtype))
             y = torch.mul(y, self.scale) if y.dtype == torch.float32 else y.float().mul_(self.scale)
