@@ -178,9 +178,17 @@ def test_gate1_one_image(reference, cfg, width, height, mode, split):
 
 
 @pytest.mark.oracle
-def test_gate1_window_of_frames(reference, cfg):
-    frames = [noisy_gradient(320, 180, seed=s) for s in range(3)]
-    _assert_same_as_reference(reference, frames, False, cfg)
+@pytest.mark.parametrize("threads", [1, 2, 5])
+def test_gate1_window_of_frames(reference, cfg, threads):
+    """Frames are resized side by side on torch's threads: the same tiles, in order, on one thread
+    or on more threads than frames."""
+    frames = [noisy_gradient(320, 180, seed=s) for s in range(4)]
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        _assert_same_as_reference(reference, frames, False, cfg)
+    finally:
+        torch.set_num_threads(before)
 
 
 @pytest.mark.oracle
