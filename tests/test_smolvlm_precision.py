@@ -23,6 +23,7 @@ from ffai_smolvlm.engine import ENGINE
 from ffai_smolvlm.generate import prefill
 from ffai_smolvlm.layers import (
     QUANTIZE_ROWS_BLOCK,
+    FileEmbedding,
     PackedBf16Linear,
     QuantizedLinear,
     RowScaledLinear,
@@ -183,12 +184,39 @@ def test_int8_model_holds_no_float32_copy_of_a_quantised_weight(tiny_checkpoint,
     held = dict(int8_model.named_parameters())
     assert not quantised & set(held)
     assert all(p.dtype == torch.float32 for p in held.values())
-    # what stays float32: embeddings, norms, the patch convolution and position table
-    assert set(held) == {n for n, _ in exact.named_parameters()} - quantised - {f"{n}.bias" for n in linears}
+    # what stays float32: norms, the patch convolution and position table; the token embeddings
+    # stay in the file (FileEmbedding), read a prompt's rows at a time
+    assert isinstance(int8_model.text.embed_tokens, FileEmbedding)
+    table = {"text.embed_tokens.weight"}
+    assert set(held) == {n for n, _ in exact.named_parameters()} - quantised - {f"{n}.bias" for n in linears} - table
     # and the float32 the int8 model holds is exactly those: the exact model's less every linear layer
     linear_numel = sum(p.numel() for n in linears for p in exact.get_submodule(n).parameters())
-    assert sum(p.numel() for p in held.values()) == sum(p.numel() for p in exact.parameters()) - linear_numel
+    table_numel = exact.text.embed_tokens.weight.numel()
+    assert (
+        sum(p.numel() for p in held.values()) == sum(p.numel() for p in exact.parameters()) - linear_numel - table_numel
+    )
     assert not list(int8_model.buffers())
+
+
+@pytest.mark.parametrize("dtype", ["int8", "bfloat16"])
+def test_opt_in_dtypes_read_token_embeddings_from_the_file(tiny_checkpoint, dtype):
+    """The rows a lookup reads from the file are the loaded table's, ids repeated or not, in any
+    shape; an id out of range is an IndexError, as nn.Embedding's; float32 keeps its table."""
+    exact = load_model(tiny_checkpoint)
+    assert isinstance(exact.text.embed_tokens, torch.nn.Embedding)
+    model = load_model(tiny_checkpoint, dtype=getattr(torch, dtype))
+    table = model.text.embed_tokens
+    if dtype == "bfloat16" and not bf16_packing_available():
+        assert isinstance(table, torch.nn.Embedding)  # the head reads the whole table: it stays loaded
+        return
+    assert isinstance(table, FileEmbedding) and table.dtype == torch.float32
+    vocab = exact.cfg.text.vocab_size
+    ids = torch.tensor([[0, 5, 5, vocab - 1, 3], [3, 3, 3, 0, 1]])
+    assert torch.equal(table(ids), exact.text.embed_tokens(ids))
+    assert torch.equal(table(ids[0, 1:2]), exact.text.embed_tokens.weight[5:6])
+    assert table(torch.empty(1, 0, dtype=torch.long)).shape == (1, 0, exact.cfg.text.hidden_size)
+    with pytest.raises(IndexError):
+        table(torch.tensor([vocab]))
 
 
 def test_quantize_rows_equals_torch_quantize_per_channel():

@@ -9,11 +9,15 @@ the separate linears', so the result is bit-identical to running them one by one
 
 from __future__ import annotations
 
+import os
 from itertools import accumulate
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from ffai.errors import ModelError
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -78,6 +82,46 @@ def embedding_table(rows: int, dim: int) -> nn.Embedding:
     on the meta device imports torch's symbolic-shape machinery, which stays resident in every
     process that builds a model (README, *Measured*)."""
     return nn.Embedding(rows, dim, _weight=torch.empty(rows, dim))
+
+
+class FileEmbedding(nn.Module):
+    """An embedding table left in its safetensors file: a lookup reads the rows it needs with
+    ``os.preadv`` (each distinct id once) and casts them to ``dtype``, so the table lives in the
+    page cache, shared and reclaimable, and never in this process's memory. Rows are exactly the
+    stored ones, cast as loading casts them, so a lookup equals ``nn.Embedding``'s over the
+    loaded table (tests/test_smolvlm_precision.py). Used by the opt-in dtypes, whose LM head has
+    its own copy (``weights._embeddings_left_in_file``); a prompt reads ~100-900 rows (about
+    2 µs each), a decode step one."""
+
+    def __init__(
+        self, path: Path | str, offset: int, shape: tuple[int, int], file_dtype: torch.dtype, dtype: torch.dtype
+    ) -> None:
+        super().__init__()
+        self.path, self.offset = str(path), offset
+        self.num_embeddings, self.embedding_dim = shape
+        self.file_dtype, self.dtype = file_dtype, dtype
+        self.row_bytes = self.embedding_dim * file_dtype.itemsize
+        self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        distinct, where = torch.unique(ids.reshape(-1).cpu(), return_inverse=True)
+        if distinct.numel() and not (0 <= int(distinct[0]) and int(distinct[-1]) < self.num_embeddings):
+            raise IndexError(f"token id out of range for an embedding table of {self.num_embeddings} rows")
+        rows = torch.empty(distinct.numel(), self.embedding_dim, dtype=self.file_dtype)
+        buffer = memoryview(rows.view(torch.uint8).numpy().reshape(-1))
+        size = self.row_bytes
+        for i, token in enumerate(distinct.tolist()):
+            if os.preadv(self._fd, [buffer[i * size : (i + 1) * size]], self.offset + token * size) != size:
+                raise ModelError(f"{self.path}: the file ends inside its embedding table (changed since loading?)")
+        return rows.to(self.dtype)[where].view(*ids.shape, self.embedding_dim).to(ids.device)
+
+    def __del__(self) -> None:
+        fd, self._fd = getattr(self, "_fd", None), None
+        if fd is not None:
+            os.close(fd)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, read from {self.path}"
 
 
 class QuantizedLinear(nn.Module):

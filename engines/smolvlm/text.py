@@ -243,7 +243,7 @@ class TextModel(nn.Module):
 
     def new_cache(self, batch: int, max_len: int) -> KVCache:
         """A cache of its own for the caller (the tower's own one is ``reserve_cache``'s)."""
-        w = self.embed_tokens.weight
+        w = self.norm.weight  # the residual stream's dtype: the embeddings' (a table may be left in its file)
         return KVCache(self.cfg, batch, max_len, w.dtype, w.device)
 
     def reserve_cache(self, batch: int, length: int) -> KVCache:
@@ -254,7 +254,7 @@ class TextModel(nn.Module):
         allocates it once or twice. Earlier contents are never read: attention sees ``[:end]``,
         which a request writes before it reads.
         """
-        w = self.embed_tokens.weight
+        w = self.norm.weight
         if self.cache is None or not self.cache.fits(batch, length, w.dtype, w.device):
             size = min(-(-length // CACHE_STEP) * CACHE_STEP, self.cfg.max_position_embeddings)
             self.cache = self.new_cache(batch, max(size, length))

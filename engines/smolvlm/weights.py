@@ -18,6 +18,7 @@ and the file.
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 from typing import NamedTuple
@@ -28,7 +29,14 @@ from torch import nn
 from ffai.errors import ModelError
 
 from .config import ModelConfig
-from .layers import FusedLinear, PackedBf16Linear, QuantizedLinear, RowScaledLinear, bf16_packing_available
+from .layers import (
+    FileEmbedding,
+    FusedLinear,
+    PackedBf16Linear,
+    QuantizedLinear,
+    RowScaledLinear,
+    bf16_packing_available,
+)
 from .model import PARTS, Idefics3
 
 SINGLE_FILE = "model.safetensors"
@@ -171,7 +179,10 @@ class _Reader:
     first used, and only those used: an embedding row). Reading a part through the map instead
     would leave its pages resident in this process beside the fused buffer: the q/k/v and
     gate/up weights, most of the model, twice over. For the same reason a tensor cast to
-    another dtype (``--dtype bfloat16``) is read, not mapped.
+    another dtype (``--dtype bfloat16``) is read, not mapped. So is a tensor under
+    ``MAP_MIN_BYTES``: the kernel fills a mapped file in large folios (up to 2 MB each on this
+    machine's 6.18), and touching one norm's 2 KB brought its whole folio into the process; the
+    int8 model's hundred-odd small float32 tensors held 125 MiB of the file resident that way.
 
     ``quantize`` names the linear layers to hold in int8 (``--dtype int8``). Once a layer has
     all its checkpoint tensors (the parts of a fused weight, its bias) it is packed into a
@@ -240,7 +251,11 @@ class _Reader:
         else:
             layer = slot.param.rpartition(".")[0]
             dtype = torch.float32 if slot.param in self.float32 else self.dtype
-            mapped = header.stored_as(name, dtype) and torch.device(self.device).type == "cpu"
+            mapped = (
+                header.stored_as(name, dtype)
+                and torch.device(self.device).type == "cpu"
+                and math.prod(slot.shape) * dtype.itemsize >= MAP_MIN_BYTES
+            )
             if mapped and layer not in self.pending:
                 self.state[slot.param] = f.get_tensor(name)  # a view of the map: pages read when used
             else:  # cast, moved or quantised: read, not mapped, so no page stays behind
@@ -271,6 +286,9 @@ class _Reader:
         return [checkpoint_name(target) or target for target in self.expected if target not in self.seen]
 
 
+# Tensors smaller than this are read, not mapped (see _Reader): a copy costs its own size, a
+# mapping up to a large folio of the file (2 MB) around it.
+MAP_MIN_BYTES = 4 << 20
 _FILE_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
 CAST_BLOCK_BYTES = 8 << 20  # file bytes staged at a time when a tensor is read with a cast
 
@@ -378,15 +396,40 @@ def _pack_bf16_linears(model: Idefics3, tied_head: tuple[Path, str] | None) -> N
     for name in [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]:  # names: no module held
         layer = model.get_submodule(name)
         if tied_head is not None and name == "text.lm_head":
-            from safetensors import safe_open
-
-            path, tensor = tied_head
-            with safe_open(str(path), framework="pt", device="cpu") as f, open(path, "rb") as raw:
-                weight = _RawHeader(raw).read_into(tensor, torch.empty(layer.weight.shape, dtype=torch.bfloat16), f)
+            weight = _read_tensor(tied_head, torch.empty(layer.weight.shape, dtype=torch.bfloat16))
         else:
             weight = layer.weight
         model.set_submodule(name, PackedBf16Linear(weight, layer.bias, getattr(layer, "parts", ())))
         del weight, layer
+
+
+def _read_tensor(at: tuple[Path, str], into: torch.Tensor) -> torch.Tensor:
+    """Tensor ``at`` = (file, name) read (cast to ``into``'s dtype) into ``into``, not through a map."""
+    from safetensors import safe_open
+
+    path, name = at
+    with safe_open(str(path), framework="pt", device="cpu") as f, open(path, "rb") as raw:
+        return _RawHeader(raw).read_into(name, into, f)
+
+
+def _embeddings_left_in_file(model: Idefics3, at: tuple[Path, str] | None) -> None:
+    """The text tower's embedding table as a :class:`FileEmbedding` where nothing else reads it
+    whole: in the opt-in dtypes the LM head holds its own int8 or bfloat16 copy (unless it is
+    still tied to the table: bfloat16 without oneDNN's), so only a prompt's rows are ever read.
+    Left mapped, the table's pages came into this process's memory as it touched them, and the
+    kernel fills a mapped file in large folios (up to 2 MB) on this machine's kernel: 130 MiB of
+    the int8 process's resident memory was the 113 MB table (``/proc/PID/smaps``)."""
+    if model.text is None or at is None or getattr(model.text.lm_head, "weight", None) is not None:
+        return
+    path, name = at
+    with open(path, "rb") as raw:
+        header = _RawHeader(raw)
+    entry, table = header.entries[name], model.text.embed_tokens.weight
+    file_dtype = _FILE_DTYPES.get(entry["dtype"])
+    if file_dtype is None:
+        return  # a dtype only safetensors reads: the table stays as loaded
+    offset = header.data_start + entry["data_offsets"][0]
+    model.text.embed_tokens = FileEmbedding(path, offset, tuple(table.shape), file_dtype, table.dtype)
 
 
 def int8_reduce_range() -> bool:
@@ -436,9 +479,10 @@ def load_model(
         raise ModelError(f"{model_dir}: checkpoint is missing tensor(s) {shown}")
     state = reader.state
     if quantize:
-        if tie:  # the head is the embedding matrix, which stays float32 for the lookup
-            head = state["text.embed_tokens.weight"]
+        if tie:  # the head is the embedding matrix, read from the file rather than through the map
+            head = _read_tensor(reader.embeddings_at, torch.empty(state["text.embed_tokens.weight"].shape))
             reader.quantized["text.lm_head"] = QuantizedLinear(head, None, reduce_range=reader.reduce_range)
+            del head
         for name, layer in reader.quantized.items():
             model.set_submodule(name, layer)
         tie = False
@@ -450,6 +494,8 @@ def load_model(
         model.text.lm_head.weight = model.text.embed_tokens.weight  # assign=True made two Parameters
     if dtype == torch.bfloat16 and bf16_packing_available(device):
         _pack_bf16_linears(model, reader.embeddings_at if tie else None)
+    if dtype != torch.float32 and torch.device(device).type == "cpu":
+        _embeddings_left_in_file(model, reader.embeddings_at)
     if model.vision is not None:
         attention_dtype, block = vision_attention(dtype, device)
         for layer in model.vision.layers:
