@@ -189,8 +189,7 @@ class RowScaledLinear(nn.Module):
         self.parts = parts
         self.rows_dtype = rows_dtype
         w = weight.detach().to(torch.float32)
-        low, high = torch.aminmax(w, dim=1)
-        scale = (torch.maximum(-low, high) / 127.0).clamp(min=1e-12)
+        scale = row_scales(w)
         # Plain attributes, not buffers: int8 runs on the CPU only, and nothing here is trained.
         self.int8_weight = quantize_rows(w, scale)  # (out, in) int8
         self.scale = scale  # (out,) float32
@@ -218,8 +217,7 @@ def pack_int8(weight: torch.Tensor, bias: torch.Tensor | None):
     import warnings
 
     w = weight.detach().to(torch.float32)
-    low, high = torch.aminmax(w, dim=1)  # not w.abs(): no temporary the size of the weight
-    scale = (torch.maximum(-low, high) / 127.0).clamp(min=1e-12).to(torch.float64)  # (out,)
+    scale = row_scales(w).to(torch.float64)  # (out,)
     zero = torch.zeros(w.shape[0], dtype=torch.long)
     with warnings.catch_warnings():
         # torch 2.13 marks quantised tensors deprecated; its dynamic int8 linear still takes them.
@@ -227,6 +225,12 @@ def pack_int8(weight: torch.Tensor, bias: torch.Tensor | None):
         qweight = torch._make_per_channel_quantized_tensor(quantize_rows(w, scale), scale, zero, 0)
     b = None if bias is None else bias.detach().to(torch.float32)
     return torch.ops.quantized.linear_prepack(qweight, b)
+
+
+def row_scales(w: torch.Tensor) -> torch.Tensor:
+    """float32 (out, in) weight -> (out,) float32 symmetric int8 scales, one per row."""
+    low, high = torch.aminmax(w, dim=1)  # not w.abs(): no temporary the size of the weight
+    return (torch.maximum(-low, high) / 127.0).clamp(min=1e-12)
 
 
 QUANTIZE_ROWS_BLOCK = 2048  # rows quantised at a time: a float32 temporary of at most 2048 x in

@@ -448,8 +448,8 @@ def load_model(
     ``parts`` picks what to hold in memory ("vision", "text"); the whole checkpoint is checked
     either way, so a folder loads for one part exactly when it loads for all. ``dtype=torch.int8``
     holds every linear layer (both towers, the connector, the LM head) as a
-    :class:`QuantizedLinear` (those ``INT8_ROW_SCALED`` names as a :class:`RowScaledLinear`) and everything else (embeddings, norms, the patch convolution) in
-    float32; it runs on the CPU only.
+    :class:`QuantizedLinear` (those ``INT8_ROW_SCALED`` names as a :class:`RowScaledLinear`) and
+    everything else (embeddings, norms, the patch convolution) in float32; it runs on the CPU only.
     """
     model_dir = Path(model_dir)
     cfg = ModelConfig.from_dir(model_dir)
