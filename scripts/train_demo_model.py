@@ -274,7 +274,7 @@ class SampleMaker:
 
         from ffai.engine import DecodingOptions
         from ffai_smolvlm.engine import prompt_text
-        from ffai_smolvlm.preprocess import preprocess_images
+        from ffai_smolvlm.preprocess import normalise, preprocess_images
 
         r = self.recipe
         canvas = self.canvas()
@@ -291,7 +291,8 @@ class SampleMaker:
         prompt = self.prompts.build(batch.grids, text, self.processor.image_seq_len)
         answer = self.answer_ids(demo_scenes.caption(scene))
         labels = torch.cat([scene_labels(s) for s, _ in scenes])  # each frame's own scene
-        return Sample(prompt + answer, [-100] * len(prompt) + answer, batch.pixel_values, labels)
+        pixel_values = normalise(batch.tiles, self.processor)
+        return Sample(prompt + answer, [-100] * len(prompt) + answer, pixel_values, labels)
 
     def _cut(self, n: int, canvas: tuple[int, int]):
         """A window across a scene cut: k frames of one scene, then n - k of another. Its caption
@@ -307,11 +308,11 @@ class SampleMaker:
         """``n`` single frames of ``n`` scenes for phase 1: (n, 3, 64, 64) pixels, (n, 3) labels."""
         import torch
 
-        from ffai_smolvlm.preprocess import preprocess_images
+        from ffai_smolvlm.preprocess import normalise, preprocess_images
 
         scenes = [demo_scenes.sample_scene(self.rng, "train") for _ in range(n)]
         images = [demo_scenes.render(s, 1, self.canvas())[0] for s in scenes]
-        pixels = preprocess_images(images, self.processor, split=False).pixel_values
+        pixels = normalise(preprocess_images(images, self.processor, split=False).tiles, self.processor)
         return pixels, torch.cat([scene_labels(s) for s in scenes])
 
 

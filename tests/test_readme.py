@@ -27,7 +27,7 @@ def test_still_case_tile_count_matches_the_processor():
     processor = ProcessorConfig.from_dir(Path(__file__).parent / "data" / "smolvlm-256m-instruct")
     batch = preprocess_images([cases.synthetic_image(2, cases.STILL_SIZE)], processor, split=True)
     assert batch.grids == [(rows, cols)]
-    assert batch.pixel_values.shape[0] == rows * cols + 1 == total
+    assert batch.tiles.shape[0] == rows * cols + 1 == total
 
 
 def _command(path: list[str]) -> click.Command:

@@ -18,6 +18,7 @@ from PIL import Image
 from ffai.engine import DecodingOptions
 from ffai.errors import EngineError, UsageError
 from ffai_smolvlm.generate import generate
+from ffai_smolvlm.preprocess import ProcessorConfig, normalise, preprocess_images
 from ffai_smolvlm.weights import load_model
 
 pytestmark = pytest.mark.oracle
@@ -270,6 +271,23 @@ def test_tiny_prefill_logits_and_padded_tiles(tiny):
         got = model.encode_images(pixels, mask)
     assert got.shape[0] == inputs["pixel_values"].shape[1] + 1  # the all-zero tile is dropped
     assert rel_err(got.reshape(want.shape), want) <= VISION_REL_TOL
+
+
+def test_uint8_tiles_normalised_one_at_a_time_give_the_processors_features(tiny, tiny_checkpoint):
+    """The engine's path: uint8 tiles, each normalised as the tower takes it. The features are
+    the reference processor's float tiles' bit for bit, and an all-black tile (all zeros in
+    uint8, not padding) is encoded, not dropped."""
+    model, ref, processor, _ = tiny
+    cfg = ProcessorConfig.from_dir(tiny_checkpoint)
+    image = random_image(8, (300, 200))
+    inputs = processor_inputs(processor, [image, Image.new("RGB", (40, 30))], split=True)
+    batch = preprocess_images([image, Image.new("RGB", (40, 30))], cfg, split=True)
+    assert torch.equal(normalise(batch.tiles, cfg), inputs["pixel_values"][0])
+    assert not batch.tiles[-1].any()  # the black image's global tile
+    with torch.no_grad():
+        want = model.encode_images(inputs["pixel_values"], inputs["pixel_attention_mask"])
+        got = model.encode_images(batch.tiles, batch.pixel_attention_mask, lambda t: normalise(t, cfg))
+    assert torch.equal(got, want) and got.shape[0] == batch.tiles.shape[0]
 
 
 def test_batch_padding_tiles_are_dropped(tiny):

@@ -17,6 +17,7 @@ from ffai_smolvlm.preprocess import (
     PROCESSOR_FILE,
     ProcessorConfig,
     longest_edge_size,
+    normalise,
     preprocess_images,
     tile_multiple_size,
     to_rgb,
@@ -138,21 +139,30 @@ def test_layout_and_values(cfg):
     clear = Image.new("RGBA", (300, 700), (0, 0, 0, 0))
     batch = preprocess_images([clear, noisy_gradient(64, 48)], cfg, split=True)
     assert batch.grids == [(4, 2), (3, 4)]
-    assert batch.pixel_values.shape == (4 * 2 + 1 + 3 * 4 + 1, 3, 512, 512)
-    assert batch.pixel_values.dtype == torch.float32
-    assert torch.equal(batch.pixel_values[:9], torch.ones(9, 3, 512, 512))
+    assert batch.tiles.shape == (4 * 2 + 1 + 3 * 4 + 1, 3, 512, 512)
+    assert batch.tiles.dtype == torch.uint8
+    assert torch.equal(batch.tiles[:9], torch.full((9, 3, 512, 512), 255, dtype=torch.uint8))
+    pixel_values = normalise(batch.tiles, cfg)
+    assert pixel_values.dtype == torch.float32 and torch.equal(pixel_values[:9], torch.ones(9, 3, 512, 512))
     assert batch.pixel_attention_mask.shape == (22, 512, 512) and batch.pixel_attention_mask.all()
     unsplit = preprocess_images([clear], cfg, split=False)
-    assert unsplit.grids == [(0, 0)] and unsplit.pixel_values.shape == (1, 3, 512, 512)
+    assert unsplit.grids == [(0, 0)] and unsplit.tiles.shape == (1, 3, 512, 512)
+
+
+def test_a_tile_normalised_alone_is_the_same_bits_as_in_its_batch(cfg):
+    # The vision stage normalises tile by tile; the oracle compares whole batches.
+    tiles = preprocess_images([noisy_gradient(64, 48)], cfg, split=True).tiles
+    whole = normalise(tiles, cfg)
+    assert all(torch.equal(normalise(tiles[i : i + 1], cfg)[0], whole[i]) for i in range(tiles.shape[0]))
 
 
 def _assert_same_as_reference(image_processor, images, split, cfg):
     ref = image_processor([images], do_image_splitting=split, return_row_col_info=True, return_tensors="pt")
     ours = preprocess_images(images, cfg, split=split)
-    n = ours.pixel_values.shape[0]
+    n = ours.tiles.shape[0]
     # The reference pads the batch with all-zero images; only the first n are real tiles.
     assert ref["pixel_values"].shape[1] == n
-    assert (ref["pixel_values"][0] - ours.pixel_values).abs().max().item() == 0
+    assert (ref["pixel_values"][0] - normalise(ours.tiles, cfg)).abs().max().item() == 0
     assert torch.equal(ref["pixel_attention_mask"][0].bool(), ours.pixel_attention_mask)
     assert ours.grids == list(zip(ref["rows"][0], ref["cols"][0]))
 

@@ -46,7 +46,7 @@ class Prepared:
     """Output of the preprocess stage: what the vision and text stages need."""
 
     input_ids: list[int]
-    pixel_values: "torch.Tensor"  # (n_tiles, 3, tile, tile)
+    tiles: "torch.Tensor"  # (n_tiles, 3, tile, tile) uint8: the vision stage normalises them
     pixel_attention_mask: "torch.Tensor"  # (n_tiles, tile, tile) bool
     options: DecodingOptions
 
@@ -207,7 +207,7 @@ def _load_weights(model_dir: Path, runtime: RuntimeOptions, parts: tuple[str, ..
 
 
 class Preprocessor:
-    """Stage 1: Pillow images → tiles and prompt ids. Needs no weights."""
+    """Stage 1: Pillow images → uint8 tiles and prompt ids. Needs no weights."""
 
     def __init__(self, model_dir: Path) -> None:
         from ffai_smolvlm.preprocess import ProcessorConfig
@@ -223,20 +223,24 @@ class Preprocessor:
         text = prompt_text(request.options, len(request.images), request.split)
         ids = self.prompts.build(batch.grids, text, self.processor.image_seq_len)
         release_free_heap()
-        return Prepared(ids, batch.pixel_values, batch.pixel_attention_mask, request.options)
+        return Prepared(ids, batch.tiles, batch.pixel_attention_mask, request.options)
 
 
 class VisionEncoder:
-    """Stage 2: tiles → image embeddings (vision tower + connector)."""
+    """Stage 2: uint8 tiles → image embeddings (vision tower + connector), each tile normalised
+    as the tower takes it (``preprocess.normalise``)."""
 
-    def __init__(self, net) -> None:
+    def __init__(self, net, model_dir: Path) -> None:
+        from ffai_smolvlm.preprocess import ProcessorConfig, normalise
+
         self.net = net
+        self.normalise = functools.partial(normalise, cfg=ProcessorConfig.from_dir(model_dir))
 
     def __call__(self, prepared: Prepared) -> Encoded:
         import torch
 
         with torch.inference_mode():
-            embeds = self.net.encode_images(prepared.pixel_values, prepared.pixel_attention_mask)
+            embeds = self.net.encode_images(prepared.tiles, prepared.pixel_attention_mask, self.normalise)
         release_free_heap()
         return Encoded(prepared.input_ids, embeds, prepared.options)
 
@@ -285,7 +289,7 @@ class SmolVLMModel:
     def __init__(self, model_dir: Path, runtime: RuntimeOptions) -> None:
         net = _load_weights(model_dir, runtime, parts=("vision", "text"))
         self.preprocessor = Preprocessor(model_dir)
-        self.vision = VisionEncoder(net)
+        self.vision = VisionEncoder(net, model_dir)
         self.text = TextDecoder(net, model_dir)
 
     def preprocess(self, images: Sequence["Image.Image"], options: DecodingOptions, *, split: bool) -> Prepared:
@@ -309,7 +313,7 @@ def preprocess_stage(model_dir: str, runtime: RuntimeOptions) -> Preprocessor:
 
 
 def vision_stage(model_dir: str, runtime: RuntimeOptions) -> VisionEncoder:
-    return VisionEncoder(_load_weights(Path(model_dir), runtime, parts=("vision",)))
+    return VisionEncoder(_load_weights(Path(model_dir), runtime, parts=("vision",)), Path(model_dir))
 
 
 def text_stage(model_dir: str, runtime: RuntimeOptions) -> TextDecoder:

@@ -10,6 +10,8 @@ tower and the text worker no vision tower, so an absent part is ``None`` and cos
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import nn
 
@@ -22,6 +24,10 @@ from .vision import VisionTransformer, patch_mask
 
 # "vision" (vision tower + connector) makes image embeddings; "text" (text tower) makes tokens.
 PARTS = ("vision", "text")
+
+
+def _as_is(tiles: torch.Tensor) -> torch.Tensor:
+    return tiles
 
 
 class Idefics3(nn.Module):
@@ -49,23 +55,38 @@ class Idefics3(nn.Module):
             raise EngineError(f"this model was loaded without its {part} part (parts={self.parts})")
 
     @torch.no_grad()
-    def encode_images(self, pixel_values: torch.Tensor, pixel_attention_mask: torch.Tensor | None) -> torch.Tensor:
+    def encode_images(
+        self,
+        pixel_values: torch.Tensor,
+        pixel_attention_mask: torch.Tensor | None,
+        normalise: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ) -> torch.Tensor:
         """(n_tiles, C, H, W) tiles + (n_tiles, H, W) pixel mask -> (n_real, image_seq_len, text D).
 
         Leading dims beyond one tile axis (e.g. the processor's (B, n, C, H, W)) are flattened.
-        Tiles that are entirely 0.0 are padding tiles and are dropped, as in the reference.
+        Without ``normalise`` the tiles are the tower's float input (the reference processor's
+        ``pixel_values``), and tiles that are entirely 0.0 are padding tiles, dropped as in the
+        reference. With it they are what it maps to that input (``preprocess.normalise`` of
+        uint8 tiles), one tile at a time, so only one tile's floats exist at once; none is
+        padding (an all-black uint8 tile is a real one). Either way a tile goes to the model's
+        device and dtype on its own, as the tower takes it.
         """
         self._require("vision")
-        pixels = pixel_values.to(self.device, self.dtype).flatten(0, -4)  # (N, C, H, W)
+        pixels = pixel_values.flatten(0, -4)  # (N, C, H, W), where it was given
         if pixel_attention_mask is None:
-            mask = torch.ones(pixels.shape[0], *pixels.shape[2:], dtype=torch.bool, device=pixels.device)
+            mask = torch.ones(pixels.shape[0], *pixels.shape[2:], dtype=torch.bool, device=self.device)
         else:
-            mask = pixel_attention_mask.to(pixels.device).flatten(0, -3)  # (N, H, W)
+            mask = pixel_attention_mask.to(self.device).flatten(0, -3)  # (N, H, W)
         self._check_tiles(pixels, mask)
-        real = pixels.flatten(1).any(dim=1)  # (N,) padding tiles are all zeros (no bool copy of the pixels)
-        if not bool(real.all()):  # indexing copies: a 13-tile still's 41 MB of pixels, for nothing
-            pixels, mask = pixels[real], mask[real]
-        features = self.vision(pixels, patch_mask(mask, self.cfg.vision.patch_size))  # (N, patches, Dv)
+        if normalise is None:
+            real = pixels.flatten(1).any(dim=1)  # (N,) padding tiles are all zeros (no bool copy of the pixels)
+            if not bool(real.all()):  # indexing copies: a 13-tile still's 41 MB of pixels, for nothing
+                pixels, mask = pixels[real], mask[real.to(mask.device)]
+            normalise = _as_is
+        device, dtype = self.device, self.dtype
+        features = self.vision(
+            pixels, patch_mask(mask, self.cfg.vision.patch_size), lambda tile: normalise(tile).to(device, dtype)
+        )
         return self.connector(features)  # (N, image_seq_len, Dt)
 
     def _check_tiles(self, pixels: torch.Tensor, mask: torch.Tensor) -> None:

@@ -8,10 +8,13 @@ Follows ``Idefics3ImageProcessorPil`` (transformers 5.24, the class that
 2. resize so the longest edge is ``size.longest_edge`` (2048) -- small images are upscaled too;
 3. split mode: resize up to multiples of the tile (512), cut row-major tiles, then append a
    global image squashed to tile x tile; unsplit mode: squash the image to tile x tile;
-4. rescale by 1/255 in float64, cast to float32, then normalise in float32.
+4. rescale by 1/255 in float64, cast to float32, then normalise in float32 (``normalise``).
 
 Every resize is Pillow's ``Image.resize`` on 8-bit RGB, exactly as the reference does it, so
 the uint8 pixels agree bit for bit; step 4's float order then makes the floats agree too.
+``preprocess_images`` stops before step 4: its tiles stay uint8, a quarter of their floats, and
+the vision stage normalises them one at a time as it encodes them (``model.encode_images``), so
+a window's or a still's float tiles are never all in memory at once (8 frames: 25 MB).
 """
 
 from __future__ import annotations
@@ -99,7 +102,7 @@ class ProcessorConfig:
 class PixelBatch:
     """The tiles of all images of one prompt, in the reference's order."""
 
-    pixel_values: torch.Tensor  # (n_tiles, 3, tile, tile) float32
+    tiles: torch.Tensor  # (n_tiles, 3, tile, tile) uint8, RGB: ``normalise`` makes the model's input
     pixel_attention_mask: torch.Tensor  # (n_tiles, tile, tile) bool
     grids: list[tuple[int, int]]  # per image (rows, cols); (0, 0) for an unsplit image
 
@@ -111,17 +114,19 @@ def preprocess_images(images: Sequence[Image.Image], cfg: ProcessorConfig, *, sp
 
     for image in images:
         check_image_size(image)
-    frames: list[Image.Image] = []  # uint8, a quarter of their floats: normalised into one tensor
+    frames: list[Image.Image] = []
     grids: list[tuple[int, int]] = []
     for image_frames, grid in _frames_of_each(images, cfg, split):
         frames += image_frames
         grids.append(grid)
     t = cfg.tile_size
-    pixel_values = _normalise(frames, cfg)  # (n, 3, t, t); no concatenation copy of a still's 41 MB
+    tiles = torch.empty(len(frames), 3, t, t, dtype=torch.uint8)
+    for i, frame in enumerate(frames):
+        tiles[i] = torch.frombuffer(bytearray(frame.tobytes()), dtype=torch.uint8).view(t, t, 3).permute(2, 0, 1)
     # Every frame is exactly tile x tile (see _frames), so the reference's padding to the
     # largest frame in the batch never pads and its mask is all ones.
-    mask = torch.ones(pixel_values.shape[0], t, t, dtype=torch.bool)
-    return PixelBatch(pixel_values=pixel_values, pixel_attention_mask=mask, grids=grids)
+    mask = torch.ones(len(frames), t, t, dtype=torch.bool)
+    return PixelBatch(tiles=tiles, pixel_attention_mask=mask, grids=grids)
 
 
 def check_image_size(image: Image.Image) -> None:
@@ -225,20 +230,18 @@ def _resize(image: Image.Image, size: tuple[int, int], resample: int) -> Image.I
     return image.resize((width, height), resample=resample)
 
 
-def _normalise(frames: list[Image.Image], cfg: ProcessorConfig) -> torch.Tensor:
-    """uint8 RGB frames -> (n, 3, t, t) float32, with the reference's float order: multiply by
-    the rescale factor in float64, round to float32, then (x - mean) / std in float32."""
+def normalise(tiles: torch.Tensor, cfg: ProcessorConfig) -> torch.Tensor:
+    """(n, 3, t, t) uint8 tiles -> float32, with the reference's float order: multiply by the
+    rescale factor in float64, round to float32, then (x - mean) / std in float32. Elementwise,
+    so a tile normalised alone is the same bits as in any batch."""
     import torch
 
-    t = cfg.tile_size
     mean = torch.tensor(cfg.image_mean, dtype=torch.float32).view(3, 1, 1)
     std = torch.tensor(cfg.image_std, dtype=torch.float32).view(3, 1, 1)
-    out = torch.empty(len(frames), 3, t, t, dtype=torch.float32)
-    # One frame at a time keeps the float64 intermediate to a single tile.
-    for i, frame in enumerate(frames):
-        pixels = torch.frombuffer(bytearray(frame.tobytes()), dtype=torch.uint8).view(t, t, 3)
-        pixels = pixels.permute(2, 0, 1)  # (t, t, 3) -> (3, t, t)
-        x = (pixels.to(torch.float64) * cfg.rescale_factor).to(torch.float32)
+    out = torch.empty(tiles.shape, dtype=torch.float32)
+    # One tile at a time keeps the float64 intermediate to a single tile.
+    for i, tile in enumerate(tiles):
+        x = (tile.to(torch.float64) * cfg.rescale_factor).to(torch.float32)
         out[i] = (x - mean) / std
     return out
 

@@ -8,6 +8,8 @@ and a final ``post_layernorm``. Padded patches are masked out as keys only, like
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -163,21 +165,25 @@ class VisionTransformer(nn.Module):
         self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
         self.post_layernorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
 
-    def forward(self, pixels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, pixels: torch.Tensor, mask: torch.Tensor, tile_input: Callable[[torch.Tensor], torch.Tensor] | None = None
+    ) -> torch.Tensor:
         """Tile by tile: a tile's features depend on that tile alone, and one at a time they come
         out bit for bit as from the whole batch at once (tests/test_smolvlm_fast_paths.py), as
         fast, with a 1/N share of the activations: an 8-frame window or a 17-tile still no longer
-        holds every tile's 1024 x 3072 MLP activations at the same time."""
+        holds every tile's 1024 x 3072 MLP activations at the same time. ``tile_input`` makes a
+        slice of ``pixels`` (uint8 tiles, say) the tower's input, one tile at a time."""
+        tile_input = tile_input or (lambda tile: tile)
         # Without padding no mask at all, so SDPA takes the same unmasked path as the reference;
         # with padding anywhere in the batch, every tile takes the masked path, as there.
         masked = not bool(mask.all())
         n = pixels.shape[0]
         if n == 0:
-            return self.post_layernorm(self.embeddings(pixels, mask))  # (0, T, D)
+            return self.post_layernorm(self.embeddings(tile_input(pixels), mask))  # (0, T, D)
         out = None  # (N, T, D), allocated once the first tile gives T and D
         for i in range(n):
             tile_mask = mask[i : i + 1]
-            x = self.embeddings(pixels[i : i + 1], tile_mask)  # (1, T, D)
+            x = self.embeddings(tile_input(pixels[i : i + 1]), tile_mask)  # (1, T, D)
             key_mask = tile_mask.reshape(1, 1, 1, -1) if masked else None  # (1, 1, 1, T)
             for layer in self.layers:
                 x = layer(x, key_mask)
