@@ -76,6 +76,7 @@ def test_decode_drops_special_tokens(builder):
 
 
 def _model_dir(tmp_path: Path, *names: str) -> Path:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     for name in names:
         shutil.copy(MODEL_DIR / name, tmp_path / name)
     return tmp_path
@@ -114,6 +115,28 @@ def test_template_from_tokenizer_config_and_eos_list(tmp_path, builder):
     (model_dir / "generation_config.json").write_text("{")
     with pytest.raises(ModelError, match=r"generation_config\.json: cannot read generation config"):
         PromptBuilder.from_dir(model_dir)
+
+
+def test_one_builder_per_checkpoint_until_its_files_change(tmp_path):
+    # The stages of one process share the builder (its tokenizer is tens of MB); an edited
+    # file is read again, and a folder that fails to load is not remembered as failing.
+    model_dir = _model_dir(tmp_path / "a", "tokenizer.json", "chat_template.json")
+    first = PromptBuilder.from_dir(model_dir)
+    assert PromptBuilder.from_dir(model_dir) is first
+    assert PromptBuilder.from_dir(f"{tmp_path}/./b/../a") is first  # the same folder, spelt otherwise
+    assert PromptBuilder.from_dir(_model_dir(tmp_path / "b", "tokenizer.json", "chat_template.json")) is not first
+    (model_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, EOU_ID]}))
+    second = PromptBuilder.from_dir(model_dir)
+    assert second is not first and second.stop_ids() == (EOU_ID, 2)
+    template = model_dir / "chat_template.json"
+    saved = template.read_bytes()
+    template.unlink()
+    with pytest.raises(ModelError):
+        PromptBuilder.from_dir(model_dir)
+    template.write_bytes(saved)
+    assert PromptBuilder.from_dir(model_dir).build([(0, 0)], DEFAULT_TEXT, 64) == first.build(
+        [(0, 0)], DEFAULT_TEXT, 64
+    )
 
 
 def _frame(width: int, height: int, shade: int) -> Image.Image:

@@ -9,6 +9,7 @@ the checkpoint's ``tokenizer.json`` with no special tokens added (the template w
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
@@ -75,6 +76,16 @@ class PromptBuilder:
 
     @classmethod
     def from_dir(cls, model_dir: Path) -> PromptBuilder:
+        """The checkpoint's builder, one per process while its files are unchanged: a builder is
+        never changed after it is made, and its tokenizer takes ~30 MB (SmolVLM's, resident),
+        which the stages of one process (preprocess, text, the window check) each loaded
+        again when they were inline."""
+        model_dir = Path(model_dir).resolve()
+        return _shared_builder(cls, model_dir, _files_stamp(model_dir))
+
+    @classmethod
+    def load(cls, model_dir: Path) -> PromptBuilder:
+        """A new builder read from ``model_dir``'s files (``from_dir`` shares one)."""
         model_dir = Path(model_dir)
         tokenizer = _load_tokenizer(model_dir / TOKENIZER_FILE)
         template = _compile_template(*_find_chat_template(model_dir))
@@ -161,6 +172,26 @@ class TextStream:
         rest = self._decode(self._ids[self._prefix :])[len(shown) :]
         self._prefix = self._read = len(self._ids)
         return rest
+
+
+@functools.lru_cache(maxsize=4)
+def _shared_builder(cls: type[PromptBuilder], model_dir: Path, stamp: tuple) -> PromptBuilder:
+    return cls.load(model_dir)  # a failure raises and is not kept: the next call reads again
+
+
+def _files_stamp(model_dir: Path) -> tuple:
+    """Size and modification time of every file a builder reads, so an edited checkpoint is read
+    again rather than served from memory."""
+    names = (TOKENIZER_FILE, GENERATION_CONFIG_FILE, *(name for name, _ in CHAT_TEMPLATE_SOURCES))
+    stamp = []
+    for name in names:
+        try:
+            st = (model_dir / name).stat()
+        except OSError:
+            stamp.append((name, None))
+        else:
+            stamp.append((name, st.st_size, st.st_mtime_ns))
+    return tuple(stamp)
 
 
 def _load_tokenizer(path: Path) -> Tokenizer:
