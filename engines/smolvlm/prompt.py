@@ -77,9 +77,9 @@ class PromptBuilder:
     @classmethod
     def from_dir(cls, model_dir: Path) -> PromptBuilder:
         """The checkpoint's builder, one per process while its files are unchanged: a builder is
-        never changed after it is made, and its tokenizer takes ~30 MB (SmolVLM's, resident),
-        which the stages of one process (preprocess, text, the window check) each loaded
-        again when they were inline."""
+        never changed after it is made, and SmolVLM's tokenizer stays ~15 MB resident (twice that
+        while it parses), which the stages of one process (the window check, preprocess, text)
+        each loaded again when they ran inline."""
         model_dir = Path(model_dir).resolve()
         return _shared_builder(cls, model_dir, _files_stamp(model_dir))
 
