@@ -26,10 +26,6 @@ from .vision import VisionTransformer, patch_mask
 PARTS = ("vision", "text")
 
 
-def _as_is(tiles: torch.Tensor) -> torch.Tensor:
-    return tiles
-
-
 class Idefics3(nn.Module):
     def __init__(self, cfg: ModelConfig, parts: tuple[str, ...] = PARTS) -> None:
         super().__init__()
@@ -82,11 +78,12 @@ class Idefics3(nn.Module):
             real = pixels.flatten(1).any(dim=1)  # (N,) padding tiles are all zeros (no bool copy of the pixels)
             if not bool(real.all()):  # indexing copies: a 13-tile still's 41 MB of pixels, for nothing
                 pixels, mask = pixels[real], mask[real.to(mask.device)]
-            normalise = _as_is
         device, dtype = self.device, self.dtype
-        features = self.vision(
-            pixels, patch_mask(mask, self.cfg.vision.patch_size), lambda tile: normalise(tile).to(device, dtype)
-        )
+
+        def tile_input(tile: torch.Tensor) -> torch.Tensor:
+            return (tile if normalise is None else normalise(tile)).to(device, dtype)
+
+        features = self.vision(pixels, patch_mask(mask, self.cfg.vision.patch_size), tile_input)
         return self.connector(features)  # (N, image_seq_len, Dt)
 
     def _check_tiles(self, pixels: torch.Tensor, mask: torch.Tensor) -> None:
