@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from ffai.engine import Answer, DecodingOptions, DescribeRequest, EngineInfo, RuntimeOptions, StageSpec
 from ffai.errors import ModelError, UsageError
+from ffai_smolvlm.loading import load_weights, release_free_heap
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -119,93 +119,6 @@ def _check_files_agree(model_dir: Path, config, processor, builder) -> None:
         )
 
 
-def _torch_device(name: str, dtype: str = "float32") -> str:
-    import torch
-
-    if dtype == "int8":  # torch's dynamic int8 linear has CPU kernels only
-        if name == "cuda":
-            raise UsageError("--dtype int8 runs on the CPU only; use --device cpu or another --dtype")
-        return "cpu"
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda" and not torch.cuda.is_available():
-        raise UsageError("--device cuda: no CUDA device is available")
-    return name
-
-
-@functools.cache
-def _malloc_trim() -> Callable[[int], int] | None:
-    import ctypes
-
-    try:
-        return ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):  # not glibc
-        return None
-
-
-def release_free_heap() -> None:
-    """Hand the free pages of the heap back to the OS (glibc's malloc_trim; a no-op elsewhere).
-
-    Each stage calls it when its work is done, so the next stage's peak does not sit on top of
-    what the last one freed: a 2048 x 1536 still's preprocessing left ~100 MB free in the heap,
-    which the vision tower's tiles then fragmented further. It costs ~6 ms after a still's stage
-    and the next call's first touch of pages it frees."""
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
-
-
-# glibc's malloc settings around an opt-in dtype's load (``_heap_for_loading``), in bytes.
-LOAD_MMAP_THRESHOLD = 1 << 20  # while loading: freed staging buffers go straight back to the OS
-RUN_MMAP_THRESHOLD = 16 << 20  # afterwards: activations up to a tile's MLP (12 MiB) come from the heap
-RUN_TRIM_THRESHOLD = 64 << 20  # and the heap keeps that much free at its top instead of shrinking
-
-
-@contextmanager
-def _heap_for_loading() -> Iterator[None]:
-    """glibc's malloc tuned for an int8 or bfloat16 load, then for running (a no-op off glibc).
-
-    By default glibc raises its mmap threshold each time a large block is freed (up to 32 MiB),
-    so the float32 staging buffers these loads read through would stay in the heap once freed.
-    While loading, every block of 1 MiB or more is mapped and handed back on free: peak RSS of a
-    load, one real-shape tile and decode went from 719 to 544 MB for int8 (828 to 733 for
-    bfloat16). Left at that, every activation of 1 MiB or more was a fresh mapping after the
-    load, zeroed page by page as it was first written: an int8 frame (one tile, 32 tokens) took
-    280 000 page faults and 0.63 s of system time. So the load ends by handing the heap's free
-    pages back (malloc_trim) and letting blocks up to 16 MiB come from the heap, which keeps up
-    to 64 MiB free instead of shrinking after every op: 5 000 faults, 0.02 s of system time, the
-    frame's wall time 1.97 -> 1.37 s, for a peak 35 MB higher with the vision tower's in-place
-    GELU and residual add (README, Precision and speed). float32 maps its weights, reads nothing
-    through a buffer and keeps glibc's defaults."""
-    import ctypes
-
-    m_trim_threshold, m_mmap_threshold = -1, -3  # malloc.h
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        yield
-        return
-    mallopt(m_mmap_threshold, LOAD_MMAP_THRESHOLD)
-    try:
-        yield
-    finally:
-        release_free_heap()
-        mallopt(m_mmap_threshold, RUN_MMAP_THRESHOLD)
-        mallopt(m_trim_threshold, RUN_TRIM_THRESHOLD)
-
-
-def _load_weights(model_dir: Path, runtime: RuntimeOptions, parts: tuple[str, ...]):
-    import torch
-
-    from ffai_smolvlm.weights import load_model
-
-    # Thread counts are the pipeline's (ffai.pipeline.worker.set_threads), set per process before
-    # any stage is built.
-    device = _torch_device(runtime.device, runtime.dtype)
-    with _heap_for_loading() if runtime.dtype != "float32" else nullcontext():
-        return load_model(model_dir, dtype=getattr(torch, runtime.dtype), device=device, parts=parts)
-
-
 class Preprocessor:
     """Stage 1: Pillow images → uint8 tiles and prompt ids. Needs no weights."""
 
@@ -287,7 +200,7 @@ class SmolVLMModel:
     """All three stages over one set of weights, in this process (library use, tests)."""
 
     def __init__(self, model_dir: Path, runtime: RuntimeOptions) -> None:
-        net = _load_weights(model_dir, runtime, parts=("vision", "text"))
+        net = load_weights(model_dir, runtime, parts=("vision", "text"))
         self.preprocessor = Preprocessor(model_dir)
         self.vision = VisionEncoder(net, model_dir)
         self.text = TextDecoder(net, model_dir)
@@ -313,8 +226,8 @@ def preprocess_stage(model_dir: str, runtime: RuntimeOptions) -> Preprocessor:
 
 
 def vision_stage(model_dir: str, runtime: RuntimeOptions) -> VisionEncoder:
-    return VisionEncoder(_load_weights(Path(model_dir), runtime, parts=("vision",)), Path(model_dir))
+    return VisionEncoder(load_weights(Path(model_dir), runtime, parts=("vision",)), Path(model_dir))
 
 
 def text_stage(model_dir: str, runtime: RuntimeOptions) -> TextDecoder:
-    return TextDecoder(_load_weights(Path(model_dir), runtime, parts=("text",)), Path(model_dir))
+    return TextDecoder(load_weights(Path(model_dir), runtime, parts=("text",)), Path(model_dir))
