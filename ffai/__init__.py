@@ -21,7 +21,7 @@ def __getattr__(name: str):
 
         return getattr(captioning, name)
     if name == "Cue":
-        from ffai.tracks import Cue
+        from ffai.cues import Cue
 
         return Cue
     if name == "FfaiError":

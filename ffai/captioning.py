@@ -19,11 +19,11 @@ from typing import Callable, Hashable, Iterable, Iterator, Sequence
 from PIL import Image
 
 from ffai import cpu, live, media, models, registry, sheet
+from ffai.cues import Cue, Dropped
 from ffai.engine import Answer, DecodingOptions, DescribeRequest, Engine, RuntimeOptions, StageSpec
 from ffai.errors import UsageError
 from ffai.pipeline import Coordinator, PipelineConfig, PipelineError, ProcessConfig, StageConfig
 from ffai.streaming import StrippedPieces
-from ffai.tracks import Cue, Dropped
 from ffai.windows import Window, check_window, make_windows
 
 PLACEMENTS = ("auto", "inline", "workers")

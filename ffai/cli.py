@@ -410,10 +410,10 @@ def sheet(
     quiet: Quiet = False,
 ) -> None:
     """Make the contact sheet (html) of a JSON track from its source, without a model."""
-    from ffai import sheet as contact_sheet
+    from ffai import sheet_build
 
     _settle(verbose, quiet, overwrite, never_overwrite)
-    contact_sheet.build(track, output, overwrite=overwrite, source=source)
+    sheet_build.build(track, output, overwrite=overwrite, source=source)
 
 
 def _live_options(max_lag: float | None, no_drop: bool, stall_timeout: float | None) -> dict:

@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator, Literal, Protocol, Sequence
 
+from ffai.cues import Cue
 from ffai.media import MediaInfo
-from ffai.tracks import Cue
 
 EventKind = Literal["start", "cue", "done", "failed"]
 

@@ -22,16 +22,15 @@ from typing import Callable, Iterable, Iterator, Sequence
 from ffai import inputs as input_specs
 from ffai import runlog
 from ffai.captioning import Captioner, CaptionOptions, Progress, ResolvedModel, resolve_model
+from ffai.cues import TrackHeader, creation_time
 from ffai.errors import FfaiError, OutputError, UsageError
 from ffai.input_events import Backend, InputEvent
 from ffai.media import MediaInfo, is_live
 from ffai.pipeline import WorkerDied
 from ffai.tracks import (
-    TrackHeader,
     TrackWriter,
     check_output,
     check_partial,
-    creation_time,
     may_show_answers,
     open_track,
     resolve_format,

@@ -36,8 +36,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Iterator
 
+from ffai.cues import Dropped
 from ffai.errors import FfaiError, UsageError
-from ffai.tracks import Dropped
 from ffai.windows import TimedFrame, Window, make_windows
 
 log = logging.getLogger(__name__)

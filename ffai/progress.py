@@ -24,8 +24,8 @@ from rich.progress import Progress as RichProgress
 from rich.text import Text
 
 from ffai.captioning import CaptionOptions
+from ffai.cues import Cue, Dropped, format_timestamp
 from ffai.media import MediaInfo
-from ffai.tracks import Cue, Dropped, format_timestamp
 
 
 def expected_windows(info: MediaInfo, options: CaptionOptions) -> int | None:

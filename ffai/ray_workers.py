@@ -21,11 +21,11 @@ from typing import Any, Callable, Iterator
 
 from ffai import media
 from ffai.captioning import CaptionOptions, pipeline_config, still_cue_timing, window_cue_timing, window_request
+from ffai.cues import Cue
 from ffai.engine import Answer, DescribeRequest, RuntimeOptions, StageSpec
 from ffai.errors import FfaiError
 from ffai.pipeline import Coordinator, PipelineConfig
 from ffai.pipeline.config import resolve
-from ffai.tracks import Cue
 from ffai.windows import make_windows
 
 

@@ -29,8 +29,9 @@ from ffai import cpu
 from ffai.bench import demo_scenes
 from ffai.bench.live_stream import Pacer, encode_ts, paced_chunks
 from ffai.captioning import Captioner, CaptionOptions, Progress
+from ffai.cues import Cue, Dropped, TrackHeader
 from ffai.live import DEFAULT_MAX_LAG_S
-from ffai.tracks import Cue, Dropped, TrackHeader, open_track
+from ffai.tracks import open_track
 
 
 def percentile(values: list[float], q: float) -> float:

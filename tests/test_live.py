@@ -25,7 +25,7 @@ from ffai.bench.live_stream import (
     udp_port_bound,
 )
 from ffai.cli import run as run_cli
-from ffai.tracks import Cue
+from ffai.cues import Cue
 from ffai.windows import make_windows
 from live_sources import SLOW_ENV, SLOW_NAME, ffai_env, register_slow_engine, start_caption, timeline
 

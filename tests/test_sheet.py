@@ -23,7 +23,8 @@ import sheet_reader
 from ffai import media, sheet
 from ffai.bench.sample_media import make_clip
 from ffai.cli import run
-from ffai.tracks import Cue, TrackHeader, open_track, read_json_track
+from ffai.cues import Cue, TrackHeader
+from ffai.tracks import open_track, read_json_track
 
 HOSTILE = '<img src=x onerror="document.title=\'pwned\'"><script>document.title="pwned"</script> & </p></article>'
 

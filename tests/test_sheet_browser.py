@@ -20,7 +20,8 @@ import sheet_reader
 from ffai import sheet
 from ffai.bench.sample_media import make_clip
 from ffai.cli import run
-from ffai.tracks import Cue, TrackHeader, open_track
+from ffai.cues import Cue, TrackHeader
+from ffai.tracks import open_track
 
 pytestmark = pytest.mark.browser
 

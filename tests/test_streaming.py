@@ -21,11 +21,12 @@ from PIL import Image
 
 from ffai import media
 from ffai.captioning import Captioner, CaptionOptions, Progress
+from ffai.cues import Cue
 from ffai.engine import DecodingOptions
 from ffai.errors import UsageError
 from ffai.pipeline import Coordinator
 from ffai.streaming import StrippedPieces
-from ffai.tracks import Cue, check_partial, open_track
+from ffai.tracks import check_partial, open_track
 from ffai_smolvlm.prompt import PromptBuilder
 from pipeline import toy_stages as toy
 from test_tracks import CUES, GOLDEN, HEADER, UPDATE, render

@@ -24,8 +24,9 @@ import srt
 import webvtt
 
 import sheet_reader
+from ffai.cues import Cue, TrackHeader
 from ffai.errors import OutputError, UsageError
-from ffai.tracks import FORMATS, Cue, TrackHeader, check_output, fold_line_breaks, open_track, resolve_format
+from ffai.tracks import FORMATS, check_output, fold_line_breaks, open_track, resolve_format
 from ffai.windows import Window
 
 GOLDEN = Path(__file__).parent / "golden"
