@@ -20,7 +20,7 @@ from PIL import Image
 
 from ffai import cpu, live, media, models, registry, sheet
 from ffai.cues import Cue, Dropped
-from ffai.engine import Answer, DecodingOptions, DescribeRequest, Engine, RuntimeOptions, StageSpec
+from ffai.engine import Answer, DecodingOptions, Engine, Request, RuntimeOptions, StageSpec
 from ffai.errors import UsageError
 from ffai.pipeline import Coordinator, PipelineConfig, PipelineError, ProcessConfig, StageConfig
 from ffai.streaming import StrippedPieces
@@ -181,7 +181,7 @@ class Captioner:
         self.notices: list[str] = list(resolved.notices)  # one-line warnings for the user, before any weight loads
         self.model_name = resolved.name
         self.model_dir: Path = resolved.folder
-        self.engine.check_window(self.model_dir, options.window, options.decoding, split=False)
+        self.engine.check_window(self.model_dir, options.window, options.decoding)
         self.config = pipeline_config(
             self.engine.stages(), self.model_dir, options.runtime, self.cores, stream=options.stream_answers
         )
@@ -218,7 +218,7 @@ class Captioner:
 
     def answers(
         self,
-        requests: Iterable[tuple[Hashable, DescribeRequest]],
+        requests: Iterable[tuple[Hashable, Request]],
         on_text: Callable[[Hashable, str], None] | None = None,
     ) -> Iterator[tuple[Hashable, Answer]]:
         """``(request_id, Answer)`` for each request as it finishes: the answer's text and the
@@ -239,7 +239,7 @@ class Captioner:
         if info.kind == "image":
             image = self.decoder.load_image(info.path)
             timing = still_cue_timing(image if self.options.thumbnails else None)
-            request = DescribeRequest((image,), self.options.decoding, split=True)
+            request = Request((image,), self.options.decoding)
             on_text = _CueText(progress, lambda _: timing.index) if progress.on_text else None
             ((_, answer),) = self.answers([(0, request)], on_text)
             yield _emit(answered_cue(timing, answer), progress)
@@ -281,7 +281,7 @@ class Captioner:
         finished: dict[int, Answer] = {}
         next_index = 0
 
-        def requests() -> Iterator[tuple[int, DescribeRequest]]:
+        def requests() -> Iterator[tuple[int, Request]]:
             windows = make_windows(
                 self._frames(info, progress), self.options.window, self.options.fps, clip_end=info.duration
             )
@@ -310,9 +310,10 @@ class Captioner:
             yield frame
 
 
-def window_request(window: Window, options: CaptionOptions) -> DescribeRequest:
-    """What the engine is asked about one window of video frames (unsplit: one image each)."""
-    return DescribeRequest(tuple(frame.image for frame in window.frames), options.decoding, split=False)
+def window_request(window: Window, options: CaptionOptions) -> Request:
+    """What the engine is asked about one window: its frames, their source times and its span."""
+    images = tuple(frame.image for frame in window.frames)
+    return Request.frames(images, window.frame_times, options.decoding, span=(window.start, window.end))
 
 
 def window_cue_timing(window: Window, thumbnails: bool = False) -> Cue:

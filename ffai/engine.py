@@ -1,9 +1,21 @@
 """The engine contract: what the core and the pipeline may rely on, and nothing more.
 
-An engine plugin is an object registered under the entry-point group ``ffai.engines``.
-It carries an :class:`EngineInfo`, answers cheap questions from the checkpoint's small
-files (``check_window``) and loads a model lazily (``load``). The loaded model offers the
-three pipeline stages as plain functions plus ``describe`` for direct library use.
+An engine is an object registered under the entry-point group ``ffai.engines`` (light: importing
+it must not import torch). It has three parts:
+
+- ``info``: an :class:`EngineInfo` (name, task, status, description, default model);
+- ``check_window(model_dir, frames, options)``: refuse, from the checkpoint's small files alone,
+  a window whose prompt cannot fit the model's context (never loads weights);
+- ``stages()``: the pipeline as :class:`StageSpec` factories, first to last: a :class:`Request`
+  in, an :class:`Answer` out.
+
+Optionally ``bench``: the hooks ``ffai bench vlm`` needs (:class:`ffai.bench.hooks.BenchHooks`).
+
+A request says what it holds in engine-neutral terms (a still, or frames with their source
+times); the engine decides tiling and prompt. The core places the stages inline or in worker
+processes (``ffai.captioning``), on Ray actors (``ffai.ray_workers``) or chains them in this
+process for library use (``ffai.inline.InlineEngine``): the same factories everywhere.
+docs/engines.md walks through the SmolVLM engine as the worked example.
 """
 
 from __future__ import annotations
@@ -11,12 +23,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Protocol, Sequence
 
 from ffai.errors import UsageError
 
 if TYPE_CHECKING:  # pragma: no cover - typing only; torch and PIL load lazily
-    from PIL import Image
+    pass
 
 STATUSES = ("experimental", "stable")
 # A checkpoint's tensors are stored in one of these; ffai runs in these or, opt-in, in int8
@@ -95,12 +107,35 @@ class RuntimeOptions:
 
 
 @dataclass(frozen=True)
-class DescribeRequest:
-    """What the core submits to an engine's first stage for one window or still."""
+class Request:
+    """What the core asks an engine about one still or one window of frames.
+
+    ``times`` is None for a still image (one picture), else each frame's time in its source, in
+    seconds, and ``span`` the window's (start, end) there: video models write frame times into
+    their prompts. The engine decides how to tile and present either."""
 
     images: tuple  # PIL images, RGB
     options: DecodingOptions
-    split: bool
+    times: tuple[float, ...] | None = None
+    span: tuple[float, float] | None = None
+
+    def __post_init__(self) -> None:
+        if not self.images:
+            raise ValueError("a request holds at least one image")
+        if self.times is None and (len(self.images) != 1 or self.span is not None):
+            raise ValueError("a still request holds one image and no span")
+        if self.times is not None and len(self.times) != len(self.images):
+            raise ValueError(f"{len(self.images)} frames with {len(self.times)} times")
+
+    @property
+    def still(self) -> bool:
+        return self.times is None
+
+    @classmethod
+    def frames(cls, images, times, options: DecodingOptions, span: tuple[float, float] | None = None) -> "Request":
+        """A window of frames; ``span`` defaults to the first frame's time to the last one's."""
+        times = tuple(float(t) for t in times)
+        return cls(tuple(images), options, times, span or (times[0], times[-1]))
 
 
 @dataclass(frozen=True)
@@ -119,7 +154,7 @@ class StageSpec:
 
     ``factory`` is a ``"module:function"`` importable in a fresh process; it is called as
     ``factory(model_dir, runtime)`` and returns a function from the previous stage's output
-    (a DescribeRequest for the first stage) to this stage's output (an Answer, for the last).
+    (a Request for the first stage) to this stage's output (an Answer, for the last).
     Stages sharing a ``process`` name share a worker process when the stages run in workers
     on more than a few cores (``ffai.captioning.pipeline_config``).
 
@@ -134,32 +169,12 @@ class StageSpec:
     process: str
 
 
-class LoadedModel(Protocol):
-    """A model with its weights in memory. The three stages compose into ``describe``.
-
-    ``split`` chooses tiling: True for a still image (tiles + global image), False for
-    video frames (one unsplit image each).
-    """
-
-    def preprocess(self, images: Sequence["Image.Image"], options: DecodingOptions, *, split: bool) -> Any: ...
-
-    def encode(self, prepared: Any) -> Any: ...
-
-    def generate(self, encoded: Any, options: DecodingOptions, on_text: Callable[[str], None] | None = None) -> str:
-        """The answer's text; ``on_text`` gets it piece by piece as it is generated."""
-        ...
-
-    def describe(self, images: Sequence["Image.Image"], options: DecodingOptions, *, split: bool) -> str: ...
-
-
 class Engine(Protocol):
     info: EngineInfo
 
-    def check_window(self, model_dir: Path, n_images: int, options: DecodingOptions, *, split: bool) -> None:
-        """Refuse (UsageError naming --window) a request whose prompt cannot fit the context.
-        Reads only the checkpoint's small files; never loads weights."""
-
-    def load(self, model_dir: Path, runtime: RuntimeOptions) -> LoadedModel: ...
+    def check_window(self, model_dir: Path, frames: int, options: DecodingOptions) -> None:
+        """Refuse (UsageError naming --window) a window of ``frames`` frames whose prompt cannot
+        fit the context. Reads only the checkpoint's small files; never loads weights."""
 
     def stages(self) -> Sequence[StageSpec]:
-        """The pipeline, first stage to last: DescribeRequest in, Answer out."""
+        """The pipeline, first stage to last: Request in, Answer out."""

@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterator
 from ffai import media
 from ffai.captioning import CaptionOptions, pipeline_config, still_cue_timing, window_cue_timing, window_request
 from ffai.cues import Cue
-from ffai.engine import Answer, DescribeRequest, RuntimeOptions, StageSpec
+from ffai.engine import Answer, Request, RuntimeOptions, StageSpec
 from ffai.errors import FfaiError
 from ffai.pipeline import Coordinator, PipelineConfig
 from ffai.pipeline.config import resolve
@@ -43,7 +43,7 @@ class WindowItem:
 
     index: int  # 0-based position of the window in its input
     timing: Cue  # the cue with its times, text still empty
-    request: DescribeRequest
+    request: Request
     decode_s: float  # seconds spent decoding this window's samples
 
 
@@ -74,7 +74,7 @@ def decode_input(source: str, options: CaptionOptions, cwd: str) -> Iterator[Any
         if info.kind == "image":
             image = decoder.load_image(info.path)
             timing = still_cue_timing(image if options.thumbnails else None)
-            request = DescribeRequest((image,), options.decoding, split=True)
+            request = Request((image,), options.decoding)
             yield WindowItem(0, timing, request, time.perf_counter() - clock)
             return
         frames = decoder.sample_frames(

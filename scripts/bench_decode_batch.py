@@ -96,11 +96,11 @@ def main() -> int:
 
     from ffai.bench import checkpoints
     from ffai.engine import RuntimeOptions
-    from ffai_smolvlm import ENGINE
+    from ffai.inline import InlineEngine
 
     torch.set_num_threads(args.threads)
     path = Path(args.model) if args.model else checkpoints.checkpoint("real")
-    tower = ENGINE.load(path, RuntimeOptions(threads=args.threads, device="cpu")).text.net.text
+    tower = InlineEngine.load("smolvlm", path, RuntimeOptions(threads=args.threads, device="cpu"))["text"].net.text
     print(f"checkpoint {path.name}, torch {torch.__version__}, {args.threads} thread(s)")
     print(f"{'B':>3}{'schedule':>13}{'ms/step':>10}{'vs serial':>11}  logits vs serial")
     with torch.inference_mode():

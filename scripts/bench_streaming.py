@@ -22,7 +22,8 @@ from PIL import Image
 from ffai import media, registry
 from ffai.bench import checkpoints
 from ffai.captioning import Captioner, CaptionOptions, Progress
-from ffai.engine import DecodingOptions, RuntimeOptions
+from ffai.engine import DecodingOptions, Request, RuntimeOptions
+from ffai.inline import InlineEngine
 
 
 def step_ms(model, encoded, stream) -> float:
@@ -34,7 +35,7 @@ def step_ms(model, encoded, stream) -> float:
             stream.step(token_id)
         stamps.append(time.perf_counter())
 
-    model.text.generate_ids(encoded, on_token)
+    model["text"].generate_ids(encoded, on_token)
     return statistics.median(b - a for a, b in zip(stamps, stamps[1:])) * 1000
 
 
@@ -42,14 +43,15 @@ def engine_arms(model_dir: Path, tokens: int, repeats: int) -> dict[str, float]:
     from ffai.pipeline.worker import set_threads
 
     set_threads(2)  # as the pipeline sets it on this 2-core machine
-    model = registry.get_engine("smolvlm").load(model_dir, RuntimeOptions())
+    model = InlineEngine(registry.get_engine("smolvlm"), model_dir, RuntimeOptions())
     options = DecodingOptions(max_new_tokens=tokens, force_new_tokens=True)
-    encoded = model.encode(model.preprocess([Image.new("RGB", (64, 48), (200, 40, 30))], options, split=False))
+    frame = Image.new("RGB", (64, 48), (200, 40, 30))
+    encoded = model.through(Request.frames([frame], [0.0], options), "vision")
     step_ms(model, encoded, None)  # warm-up
     plain, streamed = [], []
     for _ in range(repeats):
         plain.append(step_ms(model, encoded, None))
-        streamed.append(step_ms(model, encoded, model.text.prompts.text_stream()))
+        streamed.append(step_ms(model, encoded, model["text"].prompts.text_stream()))
     return {"step_ms": statistics.median(plain), "step_ms_streaming": statistics.median(streamed)}
 
 

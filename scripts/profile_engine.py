@@ -76,22 +76,22 @@ def case_images(name: str):
     if name not in PROFILED:
         raise SystemExit(f"unknown case {name!r} ({', '.join(PROFILED)})")
     item = cases.items(name)[0]
-    return list(item.images), item.split
+    return item
 
 
-def run_ours(model, images, split: bool, n: int) -> tuple[dict, list[int], int]:
+def run_ours(model, item, n: int) -> tuple[dict, list[int], int]:
     from ffai.engine import DecodingOptions
 
     options = DecodingOptions(max_new_tokens=n, force_new_tokens=True)
     t0 = time.perf_counter()
-    prepared = model.preprocess(images, options, split=split)
+    prepared = model["preprocess"](item.request(options))
     t1 = time.perf_counter()
-    encoded = model.encode(prepared)
+    encoded = model["vision"](prepared)
     t2 = time.perf_counter()
     clock = StepClock()
-    handles = clock.attach(model.text.net.text)
+    handles = clock.attach(model["text"].net.text)
     try:
-        tokens = model.text.generate_ids(encoded)
+        tokens = model["text"].generate_ids(encoded)
     finally:
         for h in handles:
             h.remove()
@@ -197,14 +197,14 @@ def main() -> int:
 
     from ffai.bench import checkpoints
     from ffai.engine import RuntimeOptions
-    from ffai_smolvlm import ENGINE
+    from ffai.inline import InlineEngine
 
     torch.set_num_threads(args.threads)
     path = Path(args.model) if args.model else checkpoints.checkpoint("real")
     if args.decode_ops:
         profile_decode(path, args.decode_ops, args.threads, args.tokens)
         return 0
-    model = ENGINE.load(path, RuntimeOptions(threads=args.threads, device="cpu"))
+    model = InlineEngine.load("smolvlm", path, RuntimeOptions(threads=args.threads, device="cpu"))
     ref = checkpoints.reference_model(path, attention=args.reference_attention)
     processor = checkpoints.reference_processor(path)
     print(
@@ -213,11 +213,12 @@ def main() -> int:
     )
     ok = True
     for name in args.cases.split(","):
-        images, split = case_images(name)
+        item = case_images(name)
+        images, split = list(item.images), item.still
         ours, theirs = Timing(), Timing()
         for _ in range(args.repeat):
             torch.set_num_threads(args.threads)
-            stages, tokens, tiles = run_ours(model, images, split, args.tokens)
+            stages, tokens, tiles = run_ours(model, item, args.tokens)
             ours.add(stages, args.tokens)
             torch.set_num_threads(args.threads)
             ref_stages, ref_tokens = run_reference(ref, processor, images, split, args.tokens)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ffai.engine import EngineInfo, StageSpec
 from ffai_smolvlm.engine import ENGINE as SMOLVLM
-from ffai_smolvlm.engine import preprocess_stage
+from ffai_smolvlm.stages import preprocess_stage
 
 TESTS = Path(__file__).resolve().parent
 SLOW_ENV = "FFAI_TEST_STAGE_DELAY_S"
@@ -45,9 +45,6 @@ class SlowEngine:
 
     def check_window(self, *args, **kwargs):
         return SMOLVLM.check_window(*args, **kwargs)
-
-    def load(self, *args, **kwargs):
-        return SMOLVLM.load(*args, **kwargs)
 
     def stages(self):
         first, *rest = SMOLVLM.stages()

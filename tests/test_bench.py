@@ -262,9 +262,9 @@ def test_precision_figures_on_the_tiny_checkpoint(tiny_checkpoint):
 
     from ffai.bench import agreement
     from ffai.engine import RuntimeOptions
-    from ffai_smolvlm import ENGINE
+    from ffai.inline import InlineEngine
 
-    net = ENGINE.load(tiny_checkpoint, RuntimeOptions(device="cpu")).text.net
+    net = InlineEngine.load("smolvlm", tiny_checkpoint, RuntimeOptions(device="cpu"))["text"].net
     assert agreement.text_weights(tiny_checkpoint) == sum(p.numel() for p in net.text.parameters())
     assert [agreement.weight_bytes(d) for d in ("float32", "bfloat16", "int8")] == [4, 2, 1]
     floor = agreement.decode_floor(tiny_checkpoint, "int8", 2e9)

@@ -16,7 +16,7 @@ import ffai
 from ffai import media
 from ffai.bench.sample_media import make_clip
 from ffai.captioning import Captioner, CaptionOptions, pipeline_config, placement
-from ffai.engine import DecodingOptions, DescribeRequest, RuntimeOptions
+from ffai.engine import DecodingOptions, Request, RuntimeOptions
 from ffai.errors import UsageError
 from ffai.pipeline import PipelineError
 
@@ -63,7 +63,7 @@ def test_the_pipeline_starts_only_when_asked(tiny_checkpoint):
 
     options = CaptionOptions(model=str(tiny_checkpoint), decoding=DecodingOptions(max_new_tokens=2))
     captioner = Captioner(options, video=False)
-    request = DescribeRequest((Image.new("RGB", (40, 30), (200, 40, 40)),), options.decoding, split=False)
+    request = Request.frames([Image.new("RGB", (40, 30), (200, 40, 40))], [0.0], options.decoding)
     with pytest.raises(PipelineError, match="not started"):
         list(captioner.answers([("a", request)]))
     try:

@@ -27,9 +27,9 @@ MAX_CLIP_BYTES = 2**20
 @pytest.fixture(scope="module")
 def demo_model():
     from ffai.engine import RuntimeOptions
-    from ffai_smolvlm import ENGINE
+    from ffai.inline import InlineEngine
 
-    return ENGINE.load(DEMO, RuntimeOptions(device="cpu"))
+    return InlineEngine.load("smolvlm", DEMO, RuntimeOptions(device="cpu"))
 
 
 def test_heldout_scenes_are_unseen_geometry():

@@ -13,7 +13,9 @@ import sys
 import pytest
 import torch
 
+from engine_requests import request
 from ffai.engine import DecodingOptions, RuntimeOptions
+from ffai.inline import InlineEngine
 from ffai_smolvlm import ENGINE
 from test_smolvlm_model import TINY_SIZES, processor_inputs, random_image, reference_generate
 
@@ -25,7 +27,7 @@ QUESTION = "Describe this image."
 
 def ours_forced(model, images, *, split: bool) -> list[int]:
     options = DecodingOptions(max_new_tokens=N_NEW, force_new_tokens=True)
-    return model.text.generate_ids(model.encode(model.preprocess(images, options, split=split)))
+    return model["text"].generate_ids(model.through(request(images, options, still=split), "vision"))
 
 
 def theirs_forced(ref, processor, images, *, split: bool) -> list[int]:
@@ -37,7 +39,7 @@ def theirs_forced(ref, processor, images, *, split: bool) -> list[int]:
 def tiny_pair(tiny_checkpoint, reference_loader):
     torch.manual_seed(0)
     ref, processor = reference_loader(tiny_checkpoint)
-    return ENGINE.load(tiny_checkpoint, RuntimeOptions()), ref, processor
+    return InlineEngine(ENGINE, tiny_checkpoint, RuntimeOptions()), ref, processor
 
 
 @pytest.mark.parametrize("split", [True, False], ids=["still", "frame"])
@@ -52,8 +54,8 @@ def test_tiny_end_to_end_window_of_frames(tiny_pair):
     model, ref, processor = tiny_pair
     frames = [random_image(600 + i, (160, 90)) for i in range(8)]
     options = DecodingOptions(max_new_tokens=N_NEW, force_new_tokens=True)
-    prepared = model.preprocess(frames, options, split=False)
-    ours = model.text.generate_ids(model.encode(prepared))
+    prepared = model["preprocess"](request(frames, options, still=False))
+    ours = model["text"].generate_ids(model["vision"](prepared))
     # The reference is asked the same question our engine asks of a window.
     inputs = processor_inputs(processor, frames, split=False, question="Describe what happens in these frames.")
     assert prepared.input_ids == inputs["input_ids"][0].tolist()
@@ -96,6 +98,6 @@ def test_cli_prints_exactly_the_reference_text(tiny_checkpoint, reference_loader
 def test_real_config_end_to_end_frame(real_checkpoint, reference_loader):
     """Gate 5 end to end on the real 256M shapes: one unsplit video frame, 32 forced tokens."""
     ref, processor = reference_loader(real_checkpoint)
-    model = ENGINE.load(real_checkpoint, RuntimeOptions())
+    model = InlineEngine(ENGINE, real_checkpoint, RuntimeOptions())
     images = [random_image(800, (640, 360))]
     assert ours_forced(model, images, split=False) == theirs_forced(ref, processor, images, split=False)

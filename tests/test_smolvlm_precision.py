@@ -17,8 +17,9 @@ from ffai import cpu
 from ffai.bench.sample_media import make_clip
 from ffai.captioning import Captioner, CaptionOptions
 from ffai.cli import run
-from ffai.engine import DecodingOptions, RuntimeOptions
+from ffai.engine import DecodingOptions, Request, RuntimeOptions
 from ffai.errors import UsageError
+from ffai.inline import InlineEngine
 from ffai_smolvlm.engine import ENGINE
 from ffai_smolvlm.generate import prefill
 from ffai_smolvlm.layers import (
@@ -151,7 +152,7 @@ def test_runtime_options_accept_int8():
 
 def test_int8_refuses_cuda(tiny_checkpoint):
     with pytest.raises(UsageError, match="--dtype int8 runs on the CPU only"):
-        ENGINE.load(tiny_checkpoint, RuntimeOptions(dtype="int8", device="cuda"))
+        InlineEngine(ENGINE, tiny_checkpoint, RuntimeOptions(dtype="int8", device="cuda"))
 
 
 @pytest.fixture(scope="module")
@@ -276,9 +277,9 @@ def _image(seed: int) -> Image.Image:
 
 
 def _embeds_and_logits(model, image):
-    prepared = model.preprocess([image], DecodingOptions(), split=True)
-    encoded = model.encode(prepared)
-    net = model.text.net
+    prepared = model["preprocess"](Request((image,), DecodingOptions()))
+    encoded = model["vision"](prepared)
+    net = model["text"].net
     ids = torch.tensor([prepared.input_ids])
     with torch.inference_mode():
         x = net.embed(ids, encoded.image_embeds)
@@ -322,12 +323,12 @@ def test_the_vision_tower_attends_as_the_cpu_runs_fastest(monkeypatch, tiny_chec
 def test_agreement_with_float32_on_the_tiny_checkpoint(monkeypatch, tiny_checkpoint, dtype, host):
     """On this machine's CPU, and as loaded for each kind of CPU's attention (bfloat16 SDPA,
     bfloat16 blocks, float32 SDPA), all of which this machine runs, some slower."""
-    exact = ENGINE.load(tiny_checkpoint, RuntimeOptions(dtype="float32", device="cpu"))
+    exact = InlineEngine(ENGINE, tiny_checkpoint, RuntimeOptions(dtype="float32", device="cpu"))
     if host != "this":
         monkeypatch.setattr(cpu, "host", lambda: cpu.parse_cpuinfo(HOSTS[host]))
-    fast = ENGINE.load(tiny_checkpoint, RuntimeOptions(dtype=dtype, device="cpu"))
+    fast = InlineEngine(ENGINE, tiny_checkpoint, RuntimeOptions(dtype=dtype, device="cpu"))
     if host != "this":
-        assert len(_vision_attention(fast.vision.net)) == 1
+        assert len(_vision_attention(fast["vision"].net)) == 1
     embeds_bound, logits_bound = BOUNDS[dtype]
     for seed in range(2):
         image = _image(seed)

@@ -32,7 +32,8 @@ import ffai
 from ffai import media
 from ffai.captioning import CaptionOptions
 from ffai.cli import run
-from ffai.engine import DecodingOptions, RuntimeOptions
+from ffai.engine import DecodingOptions, Request, RuntimeOptions
+from ffai.inline import InlineEngine
 from ffai.tracks import fold_line_breaks
 from ffai_smolvlm import ENGINE
 from test_smolvlm_model import processor_inputs, random_image
@@ -141,7 +142,7 @@ FILES = {
 
 @pytest.fixture(scope="module")
 def tiny_engine(tiny_checkpoint):
-    return ENGINE.load(tiny_checkpoint, RuntimeOptions())
+    return InlineEngine(ENGINE, tiny_checkpoint, RuntimeOptions())
 
 
 def reference_answer(ref, processor, path: Path) -> tuple[list[int], str]:
@@ -193,8 +194,8 @@ def test_file_through_the_whole_path(name, tmp_path, capsys, tiny_checkpoint, ti
             assert (reference_pixels(processor, old_conversion(opened)) - theirs_pixels).abs().max() > 0.5
 
     # The engine's own preprocessing of what the media layer read equals the reference's, exactly.
-    prepared = tiny_engine.preprocess([media.load_image(path)], DecodingOptions(max_new_tokens=N_NEW), split=True)
-    assert torch.equal(tiny_engine.vision.normalise(prepared.tiles), theirs_pixels)
+    prepared = tiny_engine["preprocess"](Request((media.load_image(path),), DecodingOptions(max_new_tokens=N_NEW)))
+    assert torch.equal(tiny_engine["vision"].normalise(prepared.tiles), theirs_pixels)
 
     theirs, text = reference_answer(ref, processor, path)
     assert text.strip(), "the reference produced no text; pick another file"
@@ -215,7 +216,7 @@ def test_premultiplied_la_is_one_error_line(tmp_path, tiny_engine):
     with Image.open(_la(tmp_path / "la.png")) as image:
         premultiplied = image.convert("La")
     with pytest.raises(MediaError, match="^cannot convert a La image to RGB"):
-        tiny_engine.preprocess([premultiplied], DecodingOptions(max_new_tokens=N_NEW), split=True)
+        tiny_engine["preprocess"](Request((premultiplied,), DecodingOptions(max_new_tokens=N_NEW)))
 
 
 # --- an answer with line breaks -------------------------------------------------------------

@@ -117,7 +117,7 @@ def prefill_logits(model, encoded) -> "torch.Tensor":
 
     from ffai_smolvlm.generate import prefill
 
-    net = model.text.net
+    net = model["text"].net
     ids = torch.tensor([encoded.input_ids], device=net.device)  # (1, T)
     with torch.inference_mode():
         x = net.embed(ids, encoded.image_embeds)  # (1, T, D)
@@ -135,7 +135,7 @@ def timed_tokens(model, encoded) -> tuple[list[int], float, list[float]]:
     from ffai_smolvlm.generate import generate
 
     stamps: list[float] = []
-    decoder = model.text
+    decoder = model["text"]
     ids = torch.tensor([encoded.input_ids], device=decoder.net.device)  # (1, T)
     start = time.perf_counter()
     with torch.inference_mode():
@@ -164,6 +164,7 @@ def run(case: str, model_dir: Path, *, dtype: str, cores: int | None = None, cli
     """The case's items in ``dtype`` (timed per token) and, unless float32, in float32 too."""
     from ffai import registry
     from ffai.captioning import available_cores
+    from ffai.inline import InlineEngine
     from ffai.pipeline.worker import set_threads
 
     runtime = RuntimeOptions(dtype=dtype, device="cpu")
@@ -171,8 +172,10 @@ def run(case: str, model_dir: Path, *, dtype: str, cores: int | None = None, cli
     set_threads(threads)
     bytes_per_s = bandwidth()
     engine = registry.get_engine("smolvlm")
-    ours = engine.load(model_dir, runtime)
-    exact = None if dtype == "float32" else engine.load(model_dir, RuntimeOptions(dtype="float32", device="cpu"))
+    ours = InlineEngine(engine, model_dir, runtime)
+    exact = (
+        None if dtype == "float32" else InlineEngine(engine, model_dir, RuntimeOptions(dtype="float32", device="cpu"))
+    )
     options = cases.decoding()
     items = list(cases.clip_items(clip)) if case == "clip" else cases.items(case)
     tokens: dict[str, dict[str, list[int]]] = {"ours": {}, "float32": {}}
@@ -181,21 +184,21 @@ def run(case: str, model_dir: Path, *, dtype: str, cores: int | None = None, cli
     first_s, steps_s = [], []
     # One untimed pass over the first item, as the timed arms warm up: a fresh model's first
     # prefill and decode steps pay for one-off kernel and buffer set-up.
-    timed_tokens(ours, ours.encode(ours.preprocess(items[0].images, options, split=items[0].split)))
+    timed_tokens(ours, ours.through(items[0].request(options), "vision"))
     for item in items:
-        prepared = ours.preprocess(item.images, options, split=item.split)
-        encoded = ours.encode(prepared)
+        prepared = ours["preprocess"](item.request(options))
+        encoded = ours["vision"](prepared)
         ids, first, steps = timed_tokens(ours, encoded)
         tokens["ours"][item.id] = ids
         first_s.append(first)
         steps_s += steps
         if exact is None:
             continue
-        reference = exact.encode(prepared)
+        reference = exact["vision"](prepared)
         # Unrounded: the gate compares them with its bound.
         tiles[item.id] = tile_cosines(encoded.image_embeds, reference.image_embeds)
         logits[item.id] = cosine(prefill_logits(ours, encoded), prefill_logits(exact, reference))
-        tokens["float32"][item.id] = exact.text.generate_ids(reference)
+        tokens["float32"][item.id] = exact["text"].generate_ids(reference)
     return {
         "case": case,
         "dtype": dtype,

@@ -29,7 +29,7 @@ from pathlib import Path
 from ffai.bench import cases
 from ffai.bench.cases import Item, QualityItem
 from ffai.captioning import Captioner, CaptionOptions, available_cores
-from ffai.engine import DTYPES, DecodingOptions, DescribeRequest, RuntimeOptions
+from ffai.engine import DTYPES, DecodingOptions, RuntimeOptions
 from ffai.errors import FfaiError, ModelError
 
 ARMS = ("ffai", "reference")
@@ -56,12 +56,12 @@ class FfaiArm:
         self.captioner.start()  # its stages load the weights before they report ready
 
     def answer(self, item: Item | QualityItem, options: DecodingOptions) -> tuple[list[int], str]:
-        [(_, answer)] = self.captioner.answers([(item.id, DescribeRequest(item.images, options, item.split))])
+        [(_, answer)] = self.captioner.answers([(item.id, item.request(options))])
         return list(answer.token_ids), answer.text
 
     def answer_all(self, items: list, options: list[DecodingOptions]) -> dict[str, tuple[list[int], str]]:
         """Many requests in flight at once, as the caption path keeps its pipeline busy."""
-        requests = ((it.id, DescribeRequest(it.images, o, it.split)) for it, o in zip(items, options))
+        requests = ((it.id, it.request(o)) for it, o in zip(items, options))
         return {request_id: (list(a.token_ids), a.text) for request_id, a in self.captioner.answers(requests)}
 
     def clip(self, path: Path) -> dict[str, list[int]]:
@@ -108,9 +108,9 @@ class ReferenceArm:
         from ffai_smolvlm.engine import prompt_text
 
         n = len(item.images)
-        content = [{"type": "image"}] * n + [{"type": "text", "text": prompt_text(options, n, item.split)}]
+        content = [{"type": "image"}] * n + [{"type": "text", "text": prompt_text(options, n, still=item.still)}]
         chat = self.processor.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True)
-        inputs = self.processor(text=chat, images=list(item.images), return_tensors="pt", do_image_splitting=item.split)
+        inputs = self.processor(text=chat, images=list(item.images), return_tensors="pt", do_image_splitting=item.still)
         budget = {"max_new_tokens": options.max_new_tokens, "do_sample": False}
         if options.force_new_tokens:
             budget["min_new_tokens"] = options.max_new_tokens

@@ -15,7 +15,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
-from ffai.engine import DecodingOptions
+from ffai.engine import DecodingOptions, Request
 from ffai.errors import FfaiError, ModelError, UsageError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -35,11 +35,28 @@ MISSING_REFERENCE = "the reference arm needs transformers: pip install 'ffai[ref
 
 @dataclass(frozen=True)
 class Item:
-    """One request both arms answer: its images, tiled (a still) or not (frames)."""
+    """One request both arms answer: a still (``times`` None) or frames at their times."""
 
     id: str
     images: tuple  # PIL images, RGB
-    split: bool
+    times: tuple[float, ...] | None
+
+    @property
+    def still(self) -> bool:
+        return self.times is None
+
+    def request(self, options: DecodingOptions) -> Request:
+        return as_request(self.images, self.times, options)
+
+
+def as_request(images: tuple, times: tuple[float, ...] | None, options: DecodingOptions) -> Request:
+    """A still when ``times`` is None, else a window of frames at those times."""
+    return Request(images, options) if times is None else Request.frames(images, times, options)
+
+
+def frame_times(n: int, fps: float = CLIP_FPS) -> tuple[float, ...]:
+    """Times of ``n`` frames sampled at ``fps`` from 0: for synthetic windows."""
+    return tuple(i / fps for i in range(n))
 
 
 def decoding(max_new_tokens: int = N_NEW) -> DecodingOptions:
@@ -63,12 +80,12 @@ def synthetic_image(seed: int, size: tuple[int, int]) -> "Image.Image":
 def items(case: str, clip: Path | None = None) -> list[Item]:
     """The requests of ``case``; ``clip`` cases need the clip file (decoded here, windowed)."""
     if case == "frame":
-        return [Item("frame", (synthetic_image(1, FRAME_SIZE),), split=False)]
+        return [Item("frame", (synthetic_image(1, FRAME_SIZE),), frame_times(1))]
     if case == "still":
-        return [Item("still", (synthetic_image(2, STILL_SIZE),), split=True)]
+        return [Item("still", (synthetic_image(2, STILL_SIZE),), None)]
     if case == "window":
         frames = tuple(synthetic_image(10 + i, FRAME_SIZE) for i in range(WINDOW_FRAMES))
-        return [Item("window", frames, split=False)]
+        return [Item("window", frames, frame_times(WINDOW_FRAMES))]
     if case == "clip":
         if clip is None:
             raise UsageError("the clip case needs its clip file")
@@ -84,7 +101,7 @@ def clip_items(clip: Path) -> Iterator[Item]:
     info = media.probe(clip)
     frames = media.sample_frames(clip, CLIP_FPS)
     for window in make_windows(frames, CLIP_WINDOW, CLIP_FPS, clip_end=info.duration):
-        yield Item(str(window.index), tuple(f.image for f in window.frames), split=False)
+        yield Item(str(window.index), tuple(f.image for f in window.frames), window.frame_times)
 
 
 def write_clip(path: Path) -> Path:
@@ -138,10 +155,17 @@ class QualityItem:
 
     id: str
     images: tuple
-    split: bool
+    times: tuple[float, ...] | None  # None: a still
     prompt: str | None  # None: the engine's default caption request
     answer: str
     max_new_tokens: int
+
+    @property
+    def still(self) -> bool:
+        return self.times is None
+
+    def request(self, options: DecodingOptions) -> Request:
+        return as_request(self.images, self.times, options)
 
 
 def is_demo_model(model_dir: Path) -> bool:
@@ -160,7 +184,7 @@ def demo_items(n: int = DEMO_N, seed: int = DEMO_SEED) -> list[QualityItem]:
     from ffai.bench import demo_eval
 
     return [
-        QualityItem(str(i), tuple(item.images()), item.split, None, item.answer, demo_eval.MAX_NEW_TOKENS)
+        QualityItem(str(i), tuple(item.images()), item.times, None, item.answer, demo_eval.MAX_NEW_TOKENS)
         for i, item in enumerate(demo_eval.items(n, seed))
     ]
 
@@ -182,7 +206,7 @@ def corpus_items(folder: Path) -> list[QualityItem]:
         except (ValueError, KeyError, TypeError) as e:
             raise UsageError(f'{questions}:{n}: expected {{"image", "question", "answer"}} ({e})') from e
         still = media.load_image(Path(folder) / image)
-        out.append(QualityItem(str(n), (still,), True, question, str(answer), CORPUS_MAX_NEW))
+        out.append(QualityItem(str(n), (still,), None, question, str(answer), CORPUS_MAX_NEW))
     if not out:
         raise UsageError(f"{questions}: no questions")
     return out

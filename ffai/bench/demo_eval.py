@@ -2,8 +2,7 @@
 
 The model is loaded by ``ffai_smolvlm`` (not transformers), as ``ffai caption`` loads it. Each
 held-out scene (geometry cells the training never drew, see ``demo_scenes.split_of``) is asked
-once: a quarter as a still image (``split=True``), the rest as a window of 1-8 frames
-(``split=False``), rendered at canvas sizes partly unseen in training: half near-square (4:3
+once: a quarter as a still image, the rest as a window of 1-8 frames, rendered at canvas sizes partly unseen in training: half near-square (4:3
 or 1:1), half clearly not (portrait, 16:9, 2:1, 641x359...). Scenes are of both polarities,
 about half each. A caption counts only if it equals ``demo_scenes.caption(scene)`` exactly
 (surrounding spaces aside); accuracy is also reported per group: each polarity, and the
@@ -20,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ffai.bench import demo_scenes
+from ffai.engine import DecodingOptions, Request
 
 DEFAULT_N = 500
 DEFAULT_SEED = 1
@@ -54,12 +54,12 @@ MAX_NEW_TOKENS = 16  # a caption is about ten tokens
 class Item:
     scene: demo_scenes.Scene
     n_frames: int
-    split: bool  # True: a still image through the split path
+    still: bool  # True: a still image, else a window of n_frames
     canvas: tuple[int, int]
 
     @property
     def kind(self) -> str:
-        return "still" if self.split else f"{self.n_frames}-frame window"
+        return "still" if self.still else f"{self.n_frames}-frame window"
 
     @property
     def answer(self) -> str:
@@ -73,6 +73,16 @@ class Item:
 
     def images(self) -> list:
         return demo_scenes.render(self.scene, self.n_frames, self.canvas)
+
+    @property
+    def times(self) -> tuple[float, ...] | None:
+        """None for a still; a window's frames one second apart."""
+        return None if self.still else tuple(float(i) for i in range(self.n_frames))
+
+    def request(self, options: DecodingOptions) -> Request:
+        from ffai.bench.cases import as_request
+
+        return as_request(tuple(self.images()), self.times, options)
 
 
 @dataclass
@@ -93,7 +103,7 @@ class Result:
 
     def add(self, item: Item, text: str) -> None:
         ok = text.strip() == item.answer
-        kind = "still" if item.split else "window"
+        kind = "still" if item.still else "window"
         for counts in (
             self.by_kind.setdefault(kind, [0, 0]),
             *(self.by_group.setdefault(g, [0, 0]) for g in item.groups),
@@ -111,22 +121,22 @@ def items(n: int = DEFAULT_N, seed: int = DEFAULT_SEED) -> list[Item]:
     rng = random.Random(f"eval/{seed}")
     out = []
     for scene in demo_scenes.scenes("heldout", n, seed):
-        split = rng.random() < STILL_SHARE
-        n_frames = 1 if split else rng.randint(1, MAX_FRAMES)
+        still = rng.random() < STILL_SHARE
+        n_frames = 1 if still else rng.randint(1, MAX_FRAMES)
         canvases = NON_SQUARE_CANVASES if rng.random() < NON_SQUARE_SHARE else CANVASES
-        out.append(Item(scene, n_frames, split, rng.choice(canvases)))
+        out.append(Item(scene, n_frames, still, rng.choice(canvases)))
     return out
 
 
 def evaluate(model_dir: Path | str, n: int = DEFAULT_N, seed: int = DEFAULT_SEED, model=None) -> Result:
     """Ask the model about ``n`` held-out scenes; ``model`` may be an already loaded engine model."""
-    from ffai.engine import DecodingOptions, RuntimeOptions
-    from ffai_smolvlm import ENGINE
+    from ffai.engine import RuntimeOptions
+    from ffai.inline import InlineEngine
 
     if model is None:
-        model = ENGINE.load(Path(model_dir), RuntimeOptions(device="cpu"))
+        model = InlineEngine.load("smolvlm", Path(model_dir), RuntimeOptions(device="cpu"))
     options = DecodingOptions(max_new_tokens=MAX_NEW_TOKENS)
     result = Result()
     for item in items(n, seed):
-        result.add(item, model.describe(item.images(), options, split=item.split))
+        result.add(item, model(item.request(options)).text)
     return result
