@@ -1,7 +1,10 @@
 """The SmolVLM (Idefics3) engine for ffai: a plain-PyTorch port, token-identical to transformers.
 
-Importing this package is cheap (no torch): ``ENGINE`` answers ``ffai engines`` and loads
-the model only when asked.
+This folder, ``engines/smolvlm``, installs as the package ``ffai_smolvlm`` (pyproject.toml's
+``package-dir``): engines are imported by a name of their own, as a third-party engine would be.
+
+Importing this package is cheap (no torch): ``ENGINE`` answers ``ffai engines``; the stages
+(``ffai_smolvlm.stages``) load the model only when the pipeline builds them.
 """
 
 from ffai_smolvlm.engine import ENGINE
