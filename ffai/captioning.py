@@ -18,7 +18,7 @@ from typing import Callable, Hashable, Iterable, Iterator, Sequence
 
 from PIL import Image
 
-from ffai import cpu, live, media, models, registry, sheet
+from ffai import cpu, live, media, messages, models, registry, sheet
 from ffai.cues import Cue, Dropped
 from ffai.engine import Answer, DecodingOptions, Engine, Request, RuntimeOptions, StageSpec
 from ffai.errors import UsageError
@@ -142,29 +142,30 @@ class ResolvedModel:
     engine: Engine
     name: str  # as given, or the default model's name
     folder: Path
-    notices: tuple[str, ...]  # one-line warnings for the user (a fallback model, a slow dtype)
+    warnings: tuple[str, ...]  # for the user, said by the Captioner that runs it (a fallback model, a slow dtype)
 
 
 def resolve_model(options: CaptionOptions) -> ResolvedModel:
     """Which engine and model folder ``options`` name (a cheap check: nothing loads)."""
     engine = registry.get_engine(options.engine)
-    notices = []
+    warnings = []
     if options.model:
         name = options.model
     else:
-        name, notice = models.default_model(engine.info.name, engine.info.default_model)
-        notices += [notice] if notice else []
+        name, fallback = models.default_model(engine.info.name, engine.info.default_model)
+        warnings += [fallback] if fallback else []
     if options.runtime.device != "cuda":
         slow = cpu.host().slow_dtype_warning(options.runtime.dtype)
-        notices += [slow] if slow else []
-    return ResolvedModel(engine, name, models.resolve(name), tuple(notices))
+        warnings += [slow] if slow else []
+    return ResolvedModel(engine, name, models.resolve(name), tuple(warnings))
 
 
 class Captioner:
     """A resolved engine and model folder, and the pipeline that runs it.
 
     Building one checks the cheap things (engine, model folder, window size against the
-    context) and plans the pipeline (``config``: stages, processes, threads). ``start()`` (or
+    context), plans the pipeline (``config``: stages, processes, threads) and warns about the
+    model resolved (``ffai.messages``: a fallback model, a slow dtype). ``start()`` (or
     entering the ``with`` block) starts it, and its stages load the weights; ``close()`` (or
     leaving the block) stops it. One captioner serves every input of a run. Its stages run
     where ``placement(options.placement, ...)`` says: ``video=False`` tells it the run holds
@@ -178,7 +179,6 @@ class Captioner:
         self.placement = placement(options.placement, cores=self.cores, video=video)
         resolved = resolve_model(options)
         self.engine: Engine = resolved.engine
-        self.notices: list[str] = list(resolved.notices)  # one-line warnings for the user, before any weight loads
         self.model_name = resolved.name
         self.model_dir: Path = resolved.folder
         self.engine.check_window(self.model_dir, options.window, options.decoding)
@@ -188,6 +188,8 @@ class Captioner:
         # Each input is read in a child process of its own: a decoder crash fails that input alone.
         self.decoder = media.Decoder(stall_timeout=options.stall_timeout)
         self._pipe: Coordinator | None = None
+        for warning in resolved.warnings:  # the checks passed: before any weight loads
+            messages.warn(warning)
 
     def start(self, *, video: bool | None = None) -> "Captioner":
         """Start the pipeline (its stages load the weights); a no-op while it runs. ``video``

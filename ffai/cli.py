@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from ffai import cpu
+from ffai import cpu, messages
 from ffai.errors import FfaiError, UsageError
 
 try:  # typer >= 0.22 carries its own copy of click
@@ -75,35 +75,28 @@ def _main(
 ) -> None:
     _State.verbose = verbose
     _State.quiet = quiet
-    logger = logging.getLogger("ffai")
-    if _WARNINGS not in logger.handlers:  # then logging's last-resort handler (stderr, -q or not) is not used
-        logger.addHandler(_WARNINGS)
+    messages.listen(_PRINTER)  # then logging's last-resort handler (stderr, -q or not) is not used
 
 
-def warn(message: str) -> None:
-    if not _State.quiet:
-        print(f"ffai: warning: {message}", file=sys.stderr, flush=True)
+def _print(message: messages.Message) -> None:
+    """The one place a message becomes a line on stderr; -q keeps only the errors."""
+    if message.level == "error" or not _State.quiet:
+        print(message.line(), file=sys.stderr, flush=True)
 
 
-def note(message: str) -> None:
-    """A line of a run's summary (not a warning, not an error)."""
-    if not _State.quiet:
-        print(f"ffai: {message}", file=sys.stderr, flush=True)
+def error(text: str) -> None:
+    """The command's own one-line error (an FfaiError, bad usage, Ctrl-C)."""
+    _print(messages.Message("error", text))
 
 
-def error(message: str) -> None:
-    print(f"ffai: error: {' '.join(message.split())}", file=sys.stderr, flush=True)
-
-
-class _Warnings(logging.Handler):
-    """What ffai's modules log (``ffai.media``'s skipped packets ...) as ``ffai: warning:``
-    lines, one each, so that -q silences them like every other warning."""
+class _Printer(logging.Handler):
+    """What the library says (``ffai.messages``, ``ffai.media``'s skipped packets ...)."""
 
     def emit(self, record: logging.LogRecord) -> None:
-        warn(" ".join(record.getMessage().split()))
+        _print(messages.Message.from_record(record))
 
 
-_WARNINGS = _Warnings(logging.WARNING)
+_PRINTER = _Printer(messages.NOTE)
 
 
 @app.command()
@@ -381,9 +374,6 @@ def caption(
         options,
         overwrite=overwrite,
         progress=show_progress and not _State.quiet,
-        warn=warn,
-        error=error,
-        note=note,
         resume=resume,
         run_log=run_log,
         retries=retries,

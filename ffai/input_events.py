@@ -34,11 +34,10 @@ class InputEvent:
 
 class Backend(Protocol):
     """Where inputs are captioned: this machine (``ffai.jobs``' local backend) or a Ray cluster
-    (``ffai.ray_backend``). Built from the run's ``CaptionOptions`` after the cheap checks;
+    (``ffai.ray_backend``). Built from the run's ``CaptionOptions`` after the cheap checks
+    (warning through ``ffai.messages`` about what they found: a fallback model, a slow dtype);
     entering it starts what it needs (a pipeline, a Ray connection or local cluster) and
     leaving it stops everything it started, also on Ctrl-C."""
-
-    notices: list[str]  # one-line warnings for the user (default model, slow dtype ...)
 
     def __enter__(self) -> Backend: ...
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, Sequence
 
 from ffai import inputs as input_specs
-from ffai import runlog
+from ffai import messages, runlog
 from ffai.captioning import Captioner, CaptionOptions, Progress, ResolvedModel, resolve_model
 from ffai.cues import TrackHeader, creation_time
 from ffai.errors import FfaiError, OutputError, UsageError
@@ -114,9 +114,6 @@ def run_caption_jobs(
     *,
     overwrite: bool,
     progress: bool,
-    warn: Callable[[str], None],
-    error: Callable[[str], None],
-    note: Callable[[str], None] | None = None,
     resume: bool = False,
     run_log: str | None = None,
     retries: int = DEFAULT_RETRIES,
@@ -125,8 +122,9 @@ def run_caption_jobs(
 ) -> int:
     """Caption every input; return how many failed. Raises only for errors that stop the
     whole run (bad flags, an unknown engine or model, outputs that may not be written, a
-    pipeline that cannot start) — before any input is decoded. With several inputs, ``note``
-    gets the summary lines at the end. ``make_backend(options)`` gives where the inputs are
+    pipeline that cannot start) — before any input is decoded. What it has to say goes to
+    ``ffai.messages``: a failed input of several as an error, the summary of several inputs as
+    notes at the end. ``make_backend(options)`` gives where the inputs are
     captioned (default: ``LocalBackend``, this machine; ``--ray``: ``ffai.ray_backend``)."""
     if retries < 0:
         raise UsageError("--retries must be 0 or more")
@@ -155,21 +153,19 @@ def run_caption_jobs(
             _make_folder(job.output)
         if not (job.overwrite or i in skip):
             check_output(job.output, False)
-    driver = _Driver(jobs, options, model, log, warn=warn, error=error, retries=retries, partial=partial)
+    driver = _Driver(jobs, options, model, log, retries=retries, partial=partial)
     # Made from the options as settled here (thumbnails, streamed answers); by default this machine.
     if make_backend is None:
         backend = LocalBackend(options, on_text=driver.show)
     else:
         backend = make_backend(options)
     with log if log is not None else nullcontext(), backend as active:
-        for notice in active.notices:
-            warn(notice)
         with _progress(progress, len(jobs), options) as bar:
             driver.progress = bar
             driver.run(active, skip)
-    if len(jobs) > 1 and note is not None:
+    if len(jobs) > 1:
         for line in driver.summary.lines():
-            note(line)
+            messages.note(line)
     return len(driver.summary.failed)
 
 
@@ -255,8 +251,6 @@ class _Driver:
         model: ResolvedModel,
         log: runlog.RunLog | None,
         *,
-        warn: Callable[[str], None],
-        error: Callable[[str], None],
         retries: int,
         partial: bool = False,
     ) -> None:
@@ -265,8 +259,6 @@ class _Driver:
         self.options = options
         self.model = model
         self.log = log
-        self.warn = warn
-        self.error = error
         self.retries = retries
         self.progress = None
         self.summary = RunSummary()
@@ -358,7 +350,7 @@ class _Driver:
                 broken = e
             else:
                 if self.cues[i] == 0:
-                    self.warn(f"{job.source}: no frames decoded; the track is empty")
+                    messages.warn(f"{job.source}: no frames decoded; the track is empty")
                 self.summary.done += 1
                 self._record(i, "done", attempts=self.attempts[i], seconds=event.seconds, cues=self.cues[i])
                 self._progress("finished")
@@ -381,11 +373,11 @@ class _Driver:
             retry=retry,
         )
         if retry:
-            self.warn(f"{reason}; trying again ({self.attempts[i]} of {self.retries + 1} attempts made)")
+            messages.warn(f"{reason}; trying again ({self.attempts[i]} of {self.retries + 1} attempts made)")
             return True
         if len(self.jobs) == 1:
             raise broken if broken is not None else FfaiError(reason)
-        self.error(reason)
+        messages.error(reason)
         self.summary.failed.append((job.source, reason))
         self._progress("finished", failed=True)
         return False
@@ -464,7 +456,6 @@ class LocalBackend:
 
     def __init__(self, options: CaptionOptions, on_text: Callable[[int, int, str], None] | None = None) -> None:
         self._captioner = Captioner(options)  # the cheap checks; nothing starts here
-        self.notices = self._captioner.notices
         # (job, cue index, piece) as answers are generated, with options.stream_answers
         self._on_text = on_text
 

@@ -28,7 +28,6 @@ raised after them (``LiveWindows.error``).
 
 from __future__ import annotations
 
-import logging
 import math
 import threading
 import time
@@ -36,11 +35,10 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Iterator
 
+from ffai import messages
 from ffai.cues import Dropped
 from ffai.errors import FfaiError, UsageError
 from ffai.windows import TimedFrame, Window, make_windows
-
-log = logging.getLogger(__name__)
 
 # --max-lag's default: more than one default window (8 s at --fps 1 --window 8), so a model that
 # keeps up on average never drops, yet one that cannot (SmolVLM-256M on a few cores) stays within
@@ -279,12 +277,9 @@ def live_answers(
             elif not pieces and not ready:
                 break
         if windows.dropped_windows:
-            log.warning(
-                "%s: dropped %d window(s), %.1f s of the stream, to keep within --max-lag %g s (json/jsonl tracks list them)",
-                windows.name,
-                windows.dropped_windows,
-                windows.dropped_seconds,
-                windows.max_lag,
+            messages.warn(
+                f"{windows.name}: dropped {windows.dropped_windows} window(s), {windows.dropped_seconds:.1f} s of the "
+                f"stream, to keep within --max-lag {windows.max_lag:g} s (json/jsonl tracks list them)"
             )
         if windows.error is not None:
             raise windows.error

@@ -161,9 +161,9 @@ class RayBackend:
         self.resources = resources or RayResources()
         self._ray_init = ray_init or {}
         self._ray = import_ray()
-        # The cheap checks of a local run (engine, model folder, window against the context), here.
+        # The cheap checks of a local run (engine, model folder, window against the context) and
+        # its warnings, here.
         self.captioner = Captioner(options)
-        self.notices: list[str] = list(self.captioner.notices)
         self.engine_name = self.captioner.engine.info.name
         self.model_name = self.captioner.model_name
         self.plan: ActorPlan | None = None

@@ -84,7 +84,6 @@ class _Measured:
 
     def __init__(self, backend) -> None:
         self.backend = backend
-        self.notices = backend.notices
         self.rates: dict = {}
 
     def __enter__(self):
@@ -106,7 +105,7 @@ class _Measured:
 
 
 def child(arm: str, inputs: list[str], out: Path, flags: dict, resources: dict) -> dict:
-    from ffai import jobs
+    from ffai import jobs, messages
     from ffai.captioning import CaptionOptions
 
     options = CaptionOptions(**flags)
@@ -124,17 +123,19 @@ def child(arm: str, inputs: list[str], out: Path, flags: dict, resources: dict) 
         windows = run_data(inputs, options)
         failed = 0
     else:
-        failed = jobs.run_caption_jobs(
-            inputs,
-            str(out / "{stem}.srt"),
-            None,
-            options,
-            overwrite=True,
-            progress=False,
-            warn=lambda message: None,
-            error=lambda message: print(f"error: {message}", file=sys.stderr),
-            make_backend=ray_backend if arm == "core" else None,
-        )
+        with messages.collect() as said:  # the warnings stay unsaid, the errors are printed below
+            failed = jobs.run_caption_jobs(
+                inputs,
+                str(out / "{stem}.srt"),
+                None,
+                options,
+                overwrite=True,
+                progress=False,
+                make_backend=ray_backend if arm == "core" else None,
+            )
+        for message in said:
+            if message.level == "error":
+                print(f"error: {message.text}", file=sys.stderr)
         windows = None
     wall = time.perf_counter() - started
     return {

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from ffai import jobs
+from ffai import jobs, messages
 from ffai.captioning import CaptionOptions
 
 
@@ -15,20 +15,18 @@ def caption_corpus(
 ) -> tuple[int, list[str]]:
     """Caption ``inputs`` into ``out`` through the corpus driver, on ``backend`` (a backend, or
     a function making one from the run's settled options; default: the local backend); returns
-    how many failed and the error lines."""
-    errors: list[str] = []
-    failed = jobs.run_caption_jobs(
-        inputs,
-        str(out / pattern),
-        None,
-        options,
-        overwrite=False,
-        progress=False,
-        warn=lambda message: None,
-        error=errors.append,
-        make_backend=backend if backend is None or callable(backend) else lambda options: backend,
-    )
-    return failed, errors
+    how many failed and the errors said (``ffai.messages``)."""
+    with messages.collect() as said:
+        failed = jobs.run_caption_jobs(
+            inputs,
+            str(out / pattern),
+            None,
+            options,
+            overwrite=False,
+            progress=False,
+            make_backend=backend if backend is None or callable(backend) else lambda options: backend,
+        )
+    return failed, [message.text for message in said if message.level == "error"]
 
 
 class FaultAfterFirstCue:
@@ -40,7 +38,6 @@ class FaultAfterFirstCue:
         self.backend = backend
         self.fault = fault
         self.ready = ready
-        self.notices = backend.notices
         self.fired = False
 
     def __enter__(self):
