@@ -1,4 +1,4 @@
-"""Write a random-weight SmolVLM (Idefics3) checkpoint (ffai.bench.checkpoints) into a folder.
+"""Write a random-weight SmolVLM (Idefics3) checkpoint (ffai_smolvlm.bench.checkpoints) into a folder.
 
     python scripts/make_checkpoint.py --config real|tiny --out DIR [--seed 0] [--dtype float32]
 
@@ -13,9 +13,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from ffai.bench import checkpoints
 from ffai.engine import TENSOR_DTYPES
 from ffai.errors import FfaiError
+from ffai_smolvlm.bench import checkpoints
 
 
 def main(argv: list[str] | None = None) -> int:

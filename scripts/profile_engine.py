@@ -198,6 +198,7 @@ def main() -> int:
     from ffai.bench import checkpoints
     from ffai.engine import RuntimeOptions
     from ffai.inline import InlineEngine
+    from ffai_smolvlm.bench.checkpoints import reference_model, reference_processor
 
     torch.set_num_threads(args.threads)
     path = Path(args.model) if args.model else checkpoints.checkpoint("real")
@@ -205,8 +206,8 @@ def main() -> int:
         profile_decode(path, args.decode_ops, args.threads, args.tokens)
         return 0
     model = InlineEngine.load("smolvlm", path, RuntimeOptions(threads=args.threads, device="cpu"))
-    ref = checkpoints.reference_model(path, attention=args.reference_attention)
-    processor = checkpoints.reference_processor(path)
+    ref = reference_model(path, attention=args.reference_attention)
+    processor = reference_processor(path)
     print(
         f"checkpoint {path.name}, torch {torch.__version__}, {args.threads} thread(s), "
         f"reference attention: {ref.config._attn_implementation}"

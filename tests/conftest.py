@@ -1,6 +1,7 @@
 """Shared fixtures: random-weight SmolVLM checkpoints, cached on disk, and the transformers
-reference on them (both from ffai.bench.checkpoints). Helper modules beside the tests
-(media_fixtures, hub_server) import by name: pyproject's pytest ``pythonpath`` lists tests/."""
+reference on them (ffai.bench.checkpoints caches what ffai_smolvlm.bench writes). Helper
+modules beside the tests (media_fixtures, hub_server) import by name: pyproject's pytest
+``pythonpath`` lists tests/."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from ffai.bench import checkpoints
+from ffai_smolvlm.bench.checkpoints import reference_model, reference_processor
 
 
 @pytest.fixture(scope="session")
@@ -28,7 +30,7 @@ def reference_loader():
     """``load(checkpoint) -> (transformers model, processor)``, each loaded once per session."""
 
     def load(path: Path):
-        return checkpoints.reference_model(path), checkpoints.reference_processor(path)
+        return reference_model(path), reference_processor(path)
 
     return load
 

@@ -10,7 +10,11 @@ import pytest
 
 from ffai.bench import agreement, checkpoints, gates, ledger
 from ffai.bench.cli import BenchOptions, parse_cases
+from ffai.bench.hooks import hooks_for
+from ffai.engine import EngineInfo
 from ffai.errors import ModelError, UsageError
+from ffai_smolvlm.bench import checkpoints as smolvlm_checkpoints
+from ffai_smolvlm.bench.probes import text_weights
 
 # Registers the bench under the app if ffai/cli.py does not yet, then runs the CLI.
 RUN_CLI = """
@@ -241,34 +245,35 @@ def test_quality_gate_of_an_opt_in_dtype_is_one_point_of_float32():
 
 
 def test_cpu_identity_is_the_model_and_the_flags_that_matter():
-    from ffai import cpu
+    from ffai import host
 
     core = (
         "processor\t: {n}\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 9R14 96-Core Processor\n"
         "flags\t\t: fpu sse2 avx2 fma avx512f avx512bw avx512_bf16 avx512_vnni sha_ni\n\n"
     )
-    info = cpu.parse_cpuinfo(core.format(n=0) + core.format(n=1))
+    info = host.parse_cpuinfo(core.format(n=0) + core.format(n=1))
     assert ledger.cpu_identity(info) == {
         "model": "AMD EPYC 9R14 96-Core Processor",
         "flags": ["avx2", "avx512f", "avx512_vnni", "avx512_bf16"],
     }
     here = ledger.cpu_identity()
-    assert here == ledger.cpu_identity(cpu.host()) and here["model"] and set(here["flags"]) <= set(cpu.RELEVANT_FLAGS)
+    assert here == ledger.cpu_identity(host.cpu_info()) and here["model"]
+    assert set(here["flags"]) <= set(host.RELEVANT_FLAGS)
 
 
 def test_precision_figures_on_the_tiny_checkpoint(tiny_checkpoint):
     """The floor counts the text tower as loaded; cosines are plain cosines whatever the dtype."""
     import torch
 
-    from ffai.bench import agreement
     from ffai.engine import RuntimeOptions
     from ffai.inline import InlineEngine
 
     net = InlineEngine.load("smolvlm", tiny_checkpoint, RuntimeOptions(device="cpu"))["text"].net
-    assert agreement.text_weights(tiny_checkpoint) == sum(p.numel() for p in net.text.parameters())
+    assert text_weights(tiny_checkpoint) == sum(p.numel() for p in net.text.parameters())
+    assert hooks_for("smolvlm").decode_weights(tiny_checkpoint) == text_weights(tiny_checkpoint)
     assert [agreement.weight_bytes(d) for d in ("float32", "bfloat16", "int8")] == [4, 2, 1]
-    floor = agreement.decode_floor(tiny_checkpoint, "int8", 2e9)
-    assert floor == {"bytes": agreement.text_weights(tiny_checkpoint), "bandwidth_gb_s": 2.0, "ms": floor["ms"]}
+    floor = agreement.decode_floor(text_weights(tiny_checkpoint), "int8", 2e9)
+    assert floor == {"bytes": text_weights(tiny_checkpoint), "bandwidth_gb_s": 2.0, "ms": floor["ms"]}
     assert floor["ms"] == pytest.approx(1e3 * floor["bytes"] / 2e9, abs=1e-3)
     a = torch.tensor([[3.0, 4.0], [1.0, 0.0]])
     assert agreement.cosine(a, 2 * a) == pytest.approx(1.0, abs=1e-15)
@@ -344,20 +349,34 @@ def test_place_atomically_lets_a_parallel_writer_win(tmp_path):
 
 def test_checkpoint_key_follows_the_writer_kind_seed_and_dtype(tmp_path, monkeypatch):
     key = checkpoints.checkpoint_key("tiny")
-    assert key == checkpoints.checkpoint_key("tiny") and len(key) == 12
-    others = {checkpoints.checkpoint_key(*args) for args in [("real",), ("tiny", 1), ("tiny", 0, "bfloat16")]}
-    assert key not in others and len(others) == 3
-    assert checkpoints.cache_folder("tiny") == checkpoints.CACHE / f"tiny-{key}"
+    assert key == checkpoints.checkpoint_key("tiny", "smolvlm") and len(key) == 12
+    assert checkpoints.checkpoint_key("real") != key
+    assert checkpoints.cache_folder("tiny") == checkpoints.CACHE / f"smolvlm-tiny-{key}"
+    with pytest.raises(ValueError, match="unknown checkpoint kind 'huge' for engine 'smolvlm'"):
+        checkpoints.checkpoint_key("huge")
+    # SmolVLM's fingerprint (what its writer's output depends on) follows the seed and the dtype.
+    prints = {smolvlm_checkpoints.fingerprint(*args) for args in [("tiny",), ("tiny", 1), ("tiny", 0, "bfloat16")]}
+    assert len(prints) == 3 and smolvlm_checkpoints.fingerprint("tiny") in prints
     # The writer's own code is hashed: an edit to the module, even a comment, is a new folder.
     edited = tmp_path / "checkpoints.py"
-    edited.write_text(open(checkpoints.__file__, encoding="utf-8").read() + "# edited\n", encoding="utf-8")
-    monkeypatch.setattr(checkpoints, "__file__", str(edited))
+    edited.write_text(open(smolvlm_checkpoints.__file__, encoding="utf-8").read() + "# edited\n", encoding="utf-8")
+    monkeypatch.setattr(smolvlm_checkpoints, "__file__", str(edited))
     assert checkpoints.checkpoint_key("tiny") != key
+
+
+def test_an_engine_without_bench_hooks_is_one_line_error():
+    class Bare:
+        info = EngineInfo("bare", "vlm", "experimental", "no hooks", "bare-model")
+
+    with pytest.raises(UsageError, match="^engine 'bare' provides no bench hooks$"):
+        hooks_for(Bare())
+    with pytest.raises(UsageError, match="no engine named 'nope'"):
+        hooks_for("nope")
 
 
 def test_missing_reference_files_are_one_line_errors(tmp_path, monkeypatch):
     absent = tmp_path / "smolvlm-256m-instruct"
-    monkeypatch.setattr(checkpoints, "REFERENCE_DIR", absent)
+    monkeypatch.setattr(smolvlm_checkpoints, "REFERENCE_DIR", absent)
     with pytest.raises(ModelError) as error:
         checkpoints.checkpoint("tiny")
     assert str(error.value).startswith(f"{absent} is missing") and "\n" not in str(error.value)
@@ -365,7 +384,8 @@ def test_missing_reference_files_are_one_line_errors(tmp_path, monkeypatch):
 
     # The bench without --model needs them for its default checkpoint.
     code = (
-        f"from ffai.bench import checkpoints\ncheckpoints.REFERENCE_DIR = checkpoints.Path({str(absent)!r})\n" + RUN_CLI
+        f"from ffai_smolvlm.bench import checkpoints\ncheckpoints.REFERENCE_DIR = checkpoints.Path({str(absent)!r})\n"
+        + RUN_CLI
     )
     proc = subprocess.run(
         [sys.executable, "-c", code, "--cases", "frame", "--ledger", str(tmp_path / "l.jsonl")],
@@ -377,7 +397,7 @@ def test_missing_reference_files_are_one_line_errors(tmp_path, monkeypatch):
     assert proc.stderr.strip().splitlines() == [
         f"ffai: error: no --model given, and {absent} is missing: the random test checkpoints are built from the "
         f"real config and tokenizer files there, which ship with a source checkout only; pass --model PATH to a "
-        f"SmolVLM checkpoint"
+        f"smolvlm checkpoint"
     ]
     assert not (tmp_path / "l.jsonl").exists()
 
@@ -455,7 +475,7 @@ def test_bench_on_the_tiny_checkpoint(tiny_checkpoint, tmp_path):
         assert record["reference"]["torch_threads"] == {"main": 1}
         # float32: the precision run times decode against the floor and measures no agreement.
         precision = record["precision"]
-        assert precision["threads"] == 1 and precision["floor_bytes"] == agreement.text_weights(tiny_checkpoint) * 4
+        assert precision["threads"] == 1 and precision["floor_bytes"] == text_weights(tiny_checkpoint) * 4
         assert 0 < precision["decode_ms_per_token"] and precision["floor_ms"] > 0 and precision["bandwidth_gb_s"] > 0.1
         assert precision["floor_ratio"] == pytest.approx(precision["decode_ms_per_token"] / precision["floor_ms"], 1e-2)
         assert "tile_cosine_min" not in precision and "tokens" not in precision
@@ -492,7 +512,7 @@ def test_bench_in_an_opt_in_dtype_gates_agreement_with_float32(tiny_checkpoint, 
         assert p["tile_cosine_min"] == min(c for cs in p["tile_cosines"].values() for c in cs)
         assert (p["tokens"]["items"], p["tokens"]["total"], len(p["first_divergence"])) == (items, 32 * items, items)
         assert all(pos is None or 0 <= pos < 32 for pos in p["first_divergence"].values())
-        assert p["floor_bytes"] == agreement.text_weights(tiny_checkpoint) * width and p["decode_ms_per_token"] > 0
+        assert p["floor_bytes"] == text_weights(tiny_checkpoint) * width and p["decode_ms_per_token"] > 0
         assert record["rss_target"] == gates.RSS_TARGETS[dtype] and record["ffai"]["peak_rss"] > 0
         assert f"agree {p['tokens']['same']}/{p['tokens']['total']}" in proc.stderr
     assert report["cpu"] == ledger.cpu_identity()

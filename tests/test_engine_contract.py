@@ -18,7 +18,7 @@ from ffai.bench.live_stream import encode_ts
 from ffai.engine import DecodingOptions, Request
 from ffai.inline import InlineEngine
 from live_sources import ffai_env
-from minimal_engine import ENGINE, register_palette_engine, write_checkpoint
+from minimal_engine import COLOURS, ENGINE, register_palette_engine, write_checkpoint
 
 DEMO_CLIP = Path(__file__).resolve().parents[1] / "models" / "demo_clip.mp4"
 # The demo clip's four scenes, 3 s each, have these backgrounds; a shape covers little of a frame.
@@ -118,3 +118,50 @@ def test_a_local_ray_cluster(plugin, tmp_path):
     done = ffai(env, "caption", *args, "--ray", "local", "-o", "out.jsonl", cwd=tmp_path)
     assert done.returncode == 0, done.stderr.decode()
     assert cues_in((tmp_path / "out.jsonl").read_text()) == expected_clip_cues()
+
+
+@pytest.mark.slow
+def test_bench_vlm_runs_the_engine_against_its_own_reference(plugin, tmp_path):
+    """``ffai bench vlm --engine palette``: the reference arm, the checkpoint and the probes come
+    from the engine's bench hooks (minimal_engine.BENCH), with no edit to the bench.
+
+    Checked: the correctness gate (tokens identical, one palette token per picture, which only
+    the palette's own reference gives), the precision run's floor from the engine's weights and,
+    in int8, the agreement gate from its probes. Not checked: the speed and footprint gates and
+    the decode time per token; a toy engine's pipeline processes against a numpy mean say
+    nothing about either (the palette says every word at once: no decode steps to time)."""
+    env, model = plugin
+    flags = ["--engine", "palette", "--repeats", "1", "--cores", "1", "--json", "--no-fail", "-q"]
+    flags += ["--ledger", str(tmp_path / "ledger.jsonl")]
+    # No --model: the bench's default checkpoint, written by the engine's hook into the cache.
+    done = ffai(env, "bench", "vlm", *flags, "--cases", "frame,window,clip")
+    assert done.returncode == 0, done.stderr.decode()
+    report = json.loads(done.stdout)
+    assert report["engine"] == "palette" and Path(report["model"]).name.startswith("palette-tiny-")
+    assert json.loads((Path(report["model"]) / "config.json").read_text())["colours"] == COLOURS
+    assert report["gates"]["correctness"] == {"status": "PASS", "detail": "tokens identical in 8 items"}
+    assert report["gates"]["quality"]["status"] == "SKIP"
+    # A frame, a window of 8 frames, the clip's 6 windows of 2: one token per picture, not 32.
+    totals = [(r["case"], r["tokens"]["items"], r["tokens"]["total"]) for r in report["cases"]]
+    assert totals == [("frame", 1, 1), ("window", 1, 8), ("clip", 6, 12)]
+    for record in report["cases"]:
+        assert record["tokens"]["equal"] and not record["ffai_imports_transformers"]
+        assert record["reference"]["torch_threads"] == {}  # numpy's mean, not transformers
+        assert record["precision"]["floor_bytes"] == 3 * len(COLOURS) * 4  # the palette, in float32
+        assert record["precision"]["decode_ms_per_token"] is None
+
+    # The reference arm alone: the palette's own, on its own checkpoint.
+    arm = [sys.executable, "-m", "ffai.bench.arms", "reference", "window", "--engine", "palette", "--model", str(model)]
+    done = subprocess.run(arm, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["implementation"] == "numpy mean colour" and len(result["tokens"]["window"]) == 8
+
+    # int8: the agreement gate from the engine's probes (features, prefill logits, float32 tokens).
+    done = ffai(env, "bench", "vlm", *flags, "--model", str(model), "--cases", "frame", "--dtype", "int8")
+    assert done.returncode == 0, done.stderr.decode()
+    report = json.loads(done.stdout)
+    assert report["gates"]["agreement"]["status"] == "PASS", report["gates"]["agreement"]
+    precision = report["cases"][0]["precision"]
+    assert precision["float32_is_reference"] and precision["tiles"] == 1
+    assert precision["tile_cosine_min"] == pytest.approx(1.0) and precision["logits_cosine_min"] == pytest.approx(1.0)

@@ -11,8 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ffai.bench import checkpoints
 from ffai.errors import ModelError
+from ffai_smolvlm.bench import checkpoints
 from ffai_smolvlm.config import ModelConfig
 from ffai_smolvlm.layers import bf16_packing_available
 from ffai_smolvlm.weights import (

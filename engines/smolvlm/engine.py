@@ -35,6 +35,7 @@ def prompt_text(options: DecodingOptions, images: int, *, still: bool) -> str:
 
 class SmolVLMEngine:
     info = INFO
+    bench = "ffai_smolvlm.bench:HOOKS"  # ffai bench vlm's hooks (transformers as the reference)
 
     def check_window(self, model_dir: Path, frames: int, options: DecodingOptions) -> None:
         from ffai_smolvlm.config import ModelConfig

@@ -1,8 +1,10 @@
-"""`ffai bench vlm`: ffai's engine against the transformers reference, same checkpoint and inputs.
+"""`ffai bench vlm`: ffai's engine against its reference implementation, same checkpoint and inputs.
 
+- ``hooks``: what an engine provides to be benched (``bench = "module:attr"`` on the engine):
+  its reference arm, its random checkpoints, its probes. SmolVLM's: ``ffai_smolvlm.bench``.
 - ``cases``: the inputs (frame, still, window, clip), the decoding budget, the quality items.
 - ``checkpoints``: the random-weight checkpoints the bench and the tests share (the bench's
-  default), cached in ``.cache/checkpoints/``, and the transformers reference loaded on them.
+  default), written by the engine's hooks and cached in ``.cache/checkpoints/``.
 - ``sample_media``: small generated clips (frame indices drawn in), for the tests and scripts.
 - ``arms``: the two arms, each run in a fresh subprocess (``python -m ffai.bench.arms``).
 - ``agreement``: the untimed precision run per case (``python -m ffai.bench.agreement``): ffai

@@ -1,13 +1,15 @@
 """The bench's untimed precision run: ffai in ``--dtype`` against ffai in float32, one case per process.
 
-    python -m ffai.bench.agreement CASE --model DIR --dtype D [--cores N] [--clip MP4]
+    python -m ffai.bench.agreement CASE --model DIR [--engine NAME] --dtype D [--cores N] [--clip MP4]
 
 prints one JSON object on stdout. The timed arms stay as they are (one model, one dtype, their
 own peak RSS); this process loads ffai's engine twice, in ``--dtype`` and in float32 (the
-float32 engine is bit-identical to the transformers reference, which the float32 bench's
-correctness gate and the oracle tests keep), and for each item of the case:
+float32 engine is bit-identical to the reference, which the float32 bench's correctness gate
+and the oracle tests keep), and for each item of the case, through the engine's probes (its
+bench hooks, ``ffai.bench.hooks``; SmolVLM's are ``ffai_smolvlm.bench.probes``):
 
-- the vision tower + connector output of every tile in both dtypes, and their cosine similarity;
+- the image features of every tile (SmolVLM: vision tower + connector output) in both dtypes,
+  and their cosine similarity;
 - the prefill logits (the next-token distribution after the prompt) in both, and their cosine;
 - the case's 32 forced greedy tokens in both (the gates compare them position by position);
 - in ``--dtype``: the time to the first token (embedding + prefill) and the decode time per
@@ -19,10 +21,9 @@ correctness gate and the oracle tests keep), and for each item of the case:
 With ``--dtype float32`` only one model is loaded and only the timings are measured.
 
 The same process measures the machine's memory bandwidth (a plain ``torch.sum`` over a 500 MB
-float32 tensor, best of a few) and the decode floor: the bytes of the text tower and the LM
-head at the dtype's width, read once per token at that bandwidth. As the issue counts it, the
-text tower includes its embedding table, of which a decode step reads one row only, so the
-floor is the issue's (~163 MB for int8 on SmolVLM-256M), not a tighter one.
+float32 tensor, best of a few) and the decode floor: the weights a decode step reads (the
+engine's ``decode_weights``; SmolVLM's: the text tower and the LM head) at the dtype's width,
+read once per token at that bandwidth.
 
 Threads: as many as ffai's text stage gets on these cores (``ffai.captioning.pipeline_config``),
 so the decode time per token is the timed ffai arm's.
@@ -39,7 +40,7 @@ from typing import TYPE_CHECKING
 
 from ffai.bench import cases
 from ffai.bench.arms import print_result
-from ffai.engine import DTYPES, RuntimeOptions
+from ffai.engine import DTYPES, Engine, RuntimeOptions
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -77,26 +78,6 @@ def bandwidth(n_bytes: int = BANDWIDTH_BYTES, repeats: int = BANDWIDTH_REPEATS) 
     return x.numel() * x.element_size() / best
 
 
-def text_weights(model_dir: Path) -> int:
-    """How many weights the text tower (embedding table, layers, final norm) and the LM head hold,
-    counted from config.json (an int8 model's packed weights are no ``nn.Parameter`` to count)."""
-    from ffai_smolvlm.config import ModelConfig
-
-    cfg = ModelConfig.from_dir(model_dir)
-    t = cfg.text
-    q, kv = t.num_attention_heads * t.head_dim, t.num_key_value_heads * t.head_dim
-    attention = t.hidden_size * (q + 2 * kv) + q * t.hidden_size
-    if t.attention_bias:
-        attention += q + 2 * kv + t.hidden_size
-    mlp = 3 * t.hidden_size * t.intermediate_size
-    if t.mlp_bias:
-        mlp += 2 * t.intermediate_size + t.hidden_size
-    layer = attention + mlp + 2 * t.hidden_size  # two RMSNorm weights
-    embed = t.vocab_size * t.hidden_size
-    head = 0 if cfg.tie_word_embeddings else t.vocab_size * t.hidden_size
-    return embed + t.num_hidden_layers * layer + t.hidden_size + head
-
-
 def weight_bytes(dtype: str) -> int:
     """Bytes per weight in ``dtype`` (int8's per-row scales, one float per row, left out)."""
     import torch
@@ -104,77 +85,48 @@ def weight_bytes(dtype: str) -> int:
     return getattr(torch, dtype).itemsize
 
 
-def decode_floor(model_dir: Path, dtype: str, bytes_per_s: float) -> dict:
-    """The decode floor: the text tower and LM head at ``dtype``'s width, read once at ``bytes_per_s``."""
-    n_bytes = text_weights(model_dir) * weight_bytes(dtype)
+def decode_floor(weights: int, dtype: str, bytes_per_s: float) -> dict:
+    """The decode floor: ``weights`` (those one decode step reads) at ``dtype``'s width, read
+    once at ``bytes_per_s``."""
+    n_bytes = weights * weight_bytes(dtype)
     ms = round(1e3 * n_bytes / bytes_per_s, 3)
     return {"bytes": n_bytes, "bandwidth_gb_s": round(bytes_per_s / 1e9, 2), "ms": ms}
 
 
-def prefill_logits(model, encoded) -> "torch.Tensor":
-    """(vocab,) the logits the prompt (image embeddings merged in) gives for the first new token."""
-    import torch
-
-    from ffai_smolvlm.generate import prefill
-
-    net = model["text"].net
-    ids = torch.tensor([encoded.input_ids], device=net.device)  # (1, T)
-    with torch.inference_mode():
-        x = net.embed(ids, encoded.image_embeds)  # (1, T, D)
-        return prefill(net, x, net.text.reserve_cache(1, ids.shape[1]))[0]
-
-
-def timed_tokens(model, encoded) -> tuple[list[int], float, list[float]]:
-    """The tokens, the seconds to the first one, and the seconds between each token and the next.
-
-    The engine's own ``generate`` with a callback that only takes the time: the text stage's
-    ``on_token`` decodes each token to text, and the tokenizer's thread pool then spins on the
-    cores the decode step needs (on 2 cores a 1 ms step of the tiny model took 64 ms)."""
-    import torch
-
-    from ffai_smolvlm.generate import generate
-
-    stamps: list[float] = []
-    decoder = model["text"]
-    ids = torch.tensor([encoded.input_ids], device=decoder.net.device)  # (1, T)
-    start = time.perf_counter()
-    with torch.inference_mode():
-        tokens = generate(
-            decoder.net,
-            ids,
-            encoded.image_embeds,
-            encoded.options,
-            decoder.stop_ids,
-            lambda _: stamps.append(time.perf_counter()),
-        )
-    return tokens, stamps[0] - start, [b - a for a, b in zip(stamps, stamps[1:])]
-
-
-def text_threads(model_dir: Path, runtime: RuntimeOptions, cores: int) -> int:
+def text_threads(engine: Engine, model_dir: Path, runtime: RuntimeOptions, cores: int) -> int:
     """Torch threads in the process that holds ffai's last (decoding) stage on ``cores`` cores."""
-    from ffai import registry
     from ffai.captioning import pipeline_config
 
-    config = pipeline_config(registry.get_engine("smolvlm").stages(), model_dir, runtime, cores)
+    config = pipeline_config(engine.stages(), model_dir, runtime, cores)
     threads = {p.name: p.threads for p in config.processes}
     return threads[config.stages[-1].process]
 
 
-def run(case: str, model_dir: Path, *, dtype: str, cores: int | None = None, clip: Path | None = None) -> dict:
+def run(
+    case: str,
+    model_dir: Path,
+    *,
+    engine: str | None = None,
+    dtype: str,
+    cores: int | None = None,
+    clip: Path | None = None,
+) -> dict:
     """The case's items in ``dtype`` (timed per token) and, unless float32, in float32 too."""
     from ffai import registry
+    from ffai.bench.hooks import hooks_for
     from ffai.captioning import available_cores
+    from ffai.host import set_threads
     from ffai.inline import InlineEngine
-    from ffai.pipeline.worker import set_threads
 
+    found = registry.get_engine(engine)
+    probes = hooks_for(found)
     runtime = RuntimeOptions(dtype=dtype, device="cpu")
-    threads = text_threads(model_dir, runtime, cores or available_cores())
+    threads = text_threads(found, model_dir, runtime, cores or available_cores())
     set_threads(threads)
     bytes_per_s = bandwidth()
-    engine = registry.get_engine("smolvlm")
-    ours = InlineEngine(engine, model_dir, runtime)
+    ours = InlineEngine(found, model_dir, runtime)
     exact = (
-        None if dtype == "float32" else InlineEngine(engine, model_dir, RuntimeOptions(dtype="float32", device="cpu"))
+        None if dtype == "float32" else InlineEngine(found, model_dir, RuntimeOptions(dtype="float32", device="cpu"))
     )
     options = cases.decoding()
     items = list(cases.clip_items(clip)) if case == "clip" else cases.items(case)
@@ -184,21 +136,21 @@ def run(case: str, model_dir: Path, *, dtype: str, cores: int | None = None, cli
     first_s, steps_s = [], []
     # One untimed pass over the first item, as the timed arms warm up: a fresh model's first
     # prefill and decode steps pay for one-off kernel and buffer set-up.
-    timed_tokens(ours, ours.through(items[0].request(options), "vision"))
+    probes.timed_tokens(ours, items[0].request(options))
     for item in items:
-        prepared = ours["preprocess"](item.request(options))
-        encoded = ours["vision"](prepared)
-        ids, first, steps = timed_tokens(ours, encoded)
+        request = item.request(options)
+        ids, first, steps = probes.timed_tokens(ours, request)
         tokens["ours"][item.id] = ids
         first_s.append(first)
         steps_s += steps
         if exact is None:
             continue
-        reference = exact["vision"](prepared)
+        features, prefill = probes.features_and_logits(ours, request)
+        exact_features, exact_prefill = probes.features_and_logits(exact, request)
         # Unrounded: the gate compares them with its bound.
-        tiles[item.id] = tile_cosines(encoded.image_embeds, reference.image_embeds)
-        logits[item.id] = cosine(prefill_logits(ours, encoded), prefill_logits(exact, reference))
-        tokens["float32"][item.id] = exact["text"].generate_ids(reference)
+        tiles[item.id] = tile_cosines(features, exact_features)
+        logits[item.id] = cosine(prefill, exact_prefill)
+        tokens["float32"][item.id] = list(exact(request).token_ids)
     return {
         "case": case,
         "dtype": dtype,
@@ -209,14 +161,18 @@ def run(case: str, model_dir: Path, *, dtype: str, cores: int | None = None, cli
         "float32_tokens": tokens["float32"] or None,
         "prefill_s": round(statistics.median(first_s), 4),
         "decode_ms_per_token": round(1e3 * statistics.median(steps_s), 3) if steps_s else None,
-        "floor": decode_floor(model_dir, dtype, bytes_per_s),
+        "floor": decode_floor(probes.decode_weights(model_dir), dtype, bytes_per_s),
     }
 
 
-def command(case: str, model_dir: Path, *, dtype: str, cores: int, clip: Path | None = None) -> list[str]:
+def command(
+    case: str, model_dir: Path, *, engine: str | None = None, dtype: str, cores: int, clip: Path | None = None
+) -> list[str]:
     """The command line that runs ``run(...)`` in a fresh Python process."""
     cmd = [sys.executable, "-m", "ffai.bench.agreement", case, "--model", str(model_dir), "--dtype", dtype]
     cmd += ["--cores", str(cores)]
+    if engine is not None:
+        cmd += ["--engine", engine]
     if clip is not None:
         cmd += ["--clip", str(clip)]
     return cmd
@@ -226,11 +182,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ffai.bench.agreement", description=__doc__.splitlines()[0])
     parser.add_argument("case", choices=cases.CASES)
     parser.add_argument("--model", type=Path, required=True)
+    parser.add_argument("--engine", help="the engine (default: the default engine)")
     parser.add_argument("--dtype", default="float32", choices=DTYPES)
     parser.add_argument("--cores", type=int, help="cores the timed arms use (default: this process's)")
     parser.add_argument("--clip", type=Path)
     args = parser.parse_args(argv)
-    return print_result(lambda: run(args.case, args.model, dtype=args.dtype, cores=args.cores, clip=args.clip))
+    return print_result(
+        lambda: run(args.case, args.model, engine=args.engine, dtype=args.dtype, cores=args.cores, clip=args.clip)
+    )
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The two arms of `ffai bench vlm`, each meant to run alone in a fresh process.
 
-    python -m ffai.bench.arms ARM CASE --model DIR [--dtype D] [--clip MP4] [--corpus DIR]
+    python -m ffai.bench.arms ARM CASE --model DIR [--engine NAME] [--dtype D] [--clip MP4] [--corpus DIR]
 
 prints one JSON object on stdout. In that process: load the model (untimed), answer the case's
 first item once (warm-up, untimed), then run the whole case once, timed. The parent measures the
@@ -10,9 +10,10 @@ process tree's peak RSS, so each arm's footprint is its own.
   video's stages (a ``Captioner``; its ``answers`` and its cues carry the token ids). The
   ``clip`` case is the whole caption path: probe, decode, sample, window, pipeline, cues in
   order. This arm never imports transformers, and reports whether anything did.
-- ``reference``: transformers' Idefics3ForConditionalGeneration (float32, always) with its PIL
-  processor, asked the same question ffai asks; ``clip`` decodes the same windows with
-  ``ffai.media.sample_frames`` and calls processor + generate per window.
+- ``reference``: the engine's reference arm, from its bench hooks (``ffai.bench.hooks``): an
+  implementation of its own (float32, always), asked the same question ffai asks; ``clip``
+  answers the same windows (``cases.clip_items``). SmolVLM's is transformers' Idefics3
+  (``ffai_smolvlm.bench.reference``).
 
 CASE ``quality`` answers the quality corpus instead (``--corpus DIR``, or the demo model's
 held-out scenes when no corpus is given) and reports the answers and how many were right.
@@ -30,7 +31,7 @@ from ffai.bench import cases
 from ffai.bench.cases import Item, QualityItem
 from ffai.captioning import Captioner, CaptionOptions, available_cores
 from ffai.engine import DTYPES, DecodingOptions, RuntimeOptions
-from ffai.errors import FfaiError, ModelError
+from ffai.errors import FfaiError
 
 ARMS = ("ffai", "reference")
 QUALITY = "quality"  # the case name of the quality run
@@ -39,11 +40,12 @@ QUALITY = "quality"  # the case name of the quality run
 class FfaiArm:
     name = "ffai"
 
-    def __init__(self, model_dir: Path, dtype: str, cores: int) -> None:
+    def __init__(self, model_dir: Path, dtype: str, cores: int, engine: str | None = None) -> None:
         # Placement and threads as `ffai caption` chooses them for a video run on these cores;
         # the pipeline sets the thread counts, as it does for `ffai caption`.
         runtime = RuntimeOptions(dtype=dtype, device="cpu")
         options = CaptionOptions(
+            engine=engine,
             model=str(model_dir),
             fps=cases.CLIP_FPS,
             window=cases.CLIP_WINDOW,
@@ -81,69 +83,6 @@ class FfaiArm:
         self.captioner.close()
 
 
-class ReferenceArm:
-    name = "reference"
-
-    def __init__(self, model_dir: Path, dtype: str, cores: int) -> None:
-        self.model_dir = model_dir  # the reference is the float32 baseline whatever --dtype says
-        self.cores = cores
-        self.model = self.processor = None
-
-    def load(self) -> None:
-        try:
-            import torch
-            from transformers import AutoProcessor, Idefics3ForConditionalGeneration
-        except ImportError as e:
-            raise ModelError(cases.MISSING_REFERENCE) from e
-        # The same cores ffai plans its placement and threads for, all given to the one process.
-        torch.set_num_threads(self.cores)
-        self.model = Idefics3ForConditionalGeneration.from_pretrained(self.model_dir, dtype=torch.float32).eval()
-        self.processor = AutoProcessor.from_pretrained(self.model_dir, backend="pil")
-        eos = self.model.generation_config.eos_token_id
-        self.stop_ids = set(eos if isinstance(eos, list) else [eos])
-
-    def answer(self, item: Item | QualityItem, options: DecodingOptions) -> tuple[list[int], str]:
-        import torch
-
-        from ffai_smolvlm.engine import prompt_text
-
-        n = len(item.images)
-        content = [{"type": "image"}] * n + [{"type": "text", "text": prompt_text(options, n, still=item.still)}]
-        chat = self.processor.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True)
-        inputs = self.processor(text=chat, images=list(item.images), return_tensors="pt", do_image_splitting=item.still)
-        budget = {"max_new_tokens": options.max_new_tokens, "do_sample": False}
-        if options.force_new_tokens:
-            budget["min_new_tokens"] = options.max_new_tokens
-        with torch.inference_mode():
-            out = self.model.generate(**inputs, **budget)
-        tokens = out[0, inputs["input_ids"].shape[1] :].tolist()
-        # transformers keeps the stop token that ended the answer; ffai leaves it out.
-        if tokens and tokens[-1] in self.stop_ids and not options.force_new_tokens:
-            tokens = tokens[:-1]
-        return tokens, self.processor.decode(tokens, skip_special_tokens=True)
-
-    def answer_all(self, items: list, options: list[DecodingOptions]) -> dict[str, tuple[list[int], str]]:
-        return {it.id: self.answer(it, o) for it, o in zip(items, options)}
-
-    def clip(self, path: Path) -> dict[str, list[int]]:
-        options = cases.decoding()
-        return {item.id: self.answer(item, options)[0] for item in cases.clip_items(path)}
-
-    def info(self) -> dict:
-        import torch
-
-        return {
-            "torch_threads": {"main": torch.get_num_threads()},
-            "image_processor": type(self.processor.image_processor).__name__,
-        }
-
-    def close(self) -> None:
-        self.model = self.processor = None
-
-
-ARM_TYPES = {"ffai": FfaiArm, "reference": ReferenceArm}
-
-
 def run_case(arm, case: str, clip: Path | None) -> dict:
     """Warm-up on the case's first item (untimed), then the whole case once, timed."""
     options = cases.decoding()
@@ -169,11 +108,21 @@ def run_quality(arm, corpus: Path | None, n: int) -> dict:
     return {"time_s": time.perf_counter() - start, "correct": correct, "total": len(items), "answers": texts}
 
 
+def make_arm(arm_name: str, model_dir: Path, dtype: str, cores: int, engine: str | None = None):
+    """The arm called ``arm_name``: ffai's, or the reference the engine's bench hooks give."""
+    if arm_name == "ffai":
+        return FfaiArm(model_dir, dtype, cores, engine)
+    from ffai.bench.hooks import hooks_for
+
+    return hooks_for(engine).reference(model_dir, cores)
+
+
 def run(
     arm_name: str,
     case: str,
     model_dir: Path,
     *,
+    engine: str | None = None,
     dtype: str = "float32",
     cores: int | None = None,
     clip: Path | None = None,
@@ -181,7 +130,7 @@ def run(
     quality_n: int = cases.DEMO_N,
 ) -> dict:
     """One arm on one case in this process; the result the parent reads as JSON."""
-    arm = ARM_TYPES[arm_name](model_dir, dtype, cores or available_cores())
+    arm = make_arm(arm_name, model_dir, dtype, cores or available_cores(), engine)
     start = time.perf_counter()
     try:
         arm.load()
@@ -205,6 +154,7 @@ def command(
     case: str,
     model_dir: Path,
     *,
+    engine: str | None = None,
     dtype: str,
     cores: int,
     clip: Path | None = None,
@@ -227,6 +177,8 @@ def command(
         "--quality-n",
         str(quality_n),
     ]
+    if engine is not None:
+        cmd += ["--engine", engine]
     if clip is not None:
         cmd += ["--clip", str(clip)]
     if corpus is not None:
@@ -251,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("arm", choices=ARMS)
     parser.add_argument("case", choices=(*cases.CASES, QUALITY))
     parser.add_argument("--model", type=Path, required=True)
+    parser.add_argument("--engine", help="the engine (default: the default engine)")
     parser.add_argument("--dtype", default="float32", choices=DTYPES)
     parser.add_argument("--cores", type=int, help="cores both arms may use (default: this process's)")
     parser.add_argument("--clip", type=Path)
@@ -262,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
             args.arm,
             args.case,
             args.model,
+            engine=args.engine,
             dtype=args.dtype,
             cores=args.cores,
             clip=args.clip,

@@ -2,13 +2,12 @@
 
 Images are synthetic (seeded gradients plus noise, so resizing keeps structure) and built the
 same way in each arm's process; the clip is written once per run by the parent and both arms
-decode that one file with ``ffai.media.sample_frames``. The default checkpoint (real
-SmolVLM-256M shapes, random weights) is ``ffai.bench.checkpoints.default_checkpoint``.
+decode that one file with ``ffai.media.sample_frames``. The default checkpoint (the engine's
+random one; SmolVLM's has the real SmolVLM-256M shapes) is ``ffai.bench.checkpoints.default_checkpoint``.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from dataclasses import dataclass
 from fractions import Fraction
@@ -16,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
 from ffai.engine import DecodingOptions, Request
-from ffai.errors import FfaiError, ModelError, UsageError
+from ffai.errors import FfaiError, UsageError
 
 if TYPE_CHECKING:  # pragma: no cover
     from PIL import Image
@@ -29,8 +28,6 @@ WINDOW_FRAMES = 8
 CLIP_SECONDS, CLIP_SOURCE_FPS = 12.0, 25
 CLIP_FPS, CLIP_WINDOW = 1.0, 2  # `ffai caption --fps 1 --window 2`: 6 windows of 2 frames
 CLIP_CODEC_OPTIONS = {"preset": "veryfast"}
-
-MISSING_REFERENCE = "the reference arm needs transformers: pip install 'ffai[reference]'"
 
 
 @dataclass(frozen=True)
@@ -126,19 +123,6 @@ def write_clip(path: Path) -> Path:
             container.mux(stream.encode(frame))
         container.mux(stream.encode(None))
     return path
-
-
-# --- the reference -------------------------------------------------------------------------
-
-
-def require_reference() -> None:
-    """Fail early, in one line, when transformers is not installed (the [reference] extra)."""
-    try:
-        found = importlib.util.find_spec("transformers") is not None
-    except (ImportError, ValueError):  # a broken install, or sys.modules["transformers"] = None
-        found = False
-    if not found:
-        raise ModelError(MISSING_REFERENCE)
 
 
 # --- the quality corpus ------------------------------------------------------------------------

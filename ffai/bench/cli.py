@@ -1,13 +1,18 @@
-"""`ffai bench vlm`: ffai's engine against the transformers reference, four gates, one ledger line.
+"""`ffai bench vlm`: ffai's engine against its reference implementation, four gates, one ledger line.
 
-    ffai bench vlm [--model NAME|PATH] [--cases frame,still,window,clip] [--repeats N]
+    ffai bench vlm [--engine NAME] [--model NAME|PATH] [--cases frame,still,window,clip] [--repeats N]
                    [--dtype float32|bfloat16|int8] [--quality-corpus DIR] [--json] [--ledger FILE]
 
 How a run goes (choices documented here, in one place):
 
-- The checkpoint: ``--model`` (name or folder), else the real SmolVLM-256M shapes with random
-  weights, written once to ``.cache/checkpoints/real-*`` (speed and memory do not depend on
-  the weights' values). transformers (``pip install 'ffai[reference]'``) is checked first.
+- The engine: ``--engine`` (default: the default engine, SmolVLM), benched through its bench
+  hooks (``ffai.bench.hooks``): its reference arm, its random checkpoints, its probes for the
+  precision run. SmolVLM's reference is transformers' Idefics3 (``ffai_smolvlm.bench``).
+- The checkpoint: ``--model`` (name or folder), else the engine's first random checkpoint
+  (SmolVLM's: the real SmolVLM-256M shapes with random weights), written once to
+  ``.cache/checkpoints/smolvlm-real-*`` (speed and memory do not depend on the weights'
+  values). What the reference needs (transformers, ``pip install 'ffai[reference]'``) is
+  checked first.
 - Every (arm, case, repeat) runs in a fresh subprocess (``python -m ffai.bench.arms``): load
   (untimed), warm-up on the case's first item (untimed), the case once (timed). Per case the
   arms alternate ABBA over the repeats (A B, B A, A B, ...), so load drifts on shared cores
@@ -62,6 +67,7 @@ QUALITY = "quality"  # the arms' name for the quality run (ffai.bench.arms.QUALI
 
 @dataclass(frozen=True)
 class BenchOptions:
+    engine: str | None = None
     model: str | None = None
     cases: tuple[str, ...] = inputs.CASES
     repeats: int = 2
@@ -97,9 +103,18 @@ def parse_cases(text: str) -> tuple[str, ...]:
 def run_arm(arm: str, case: str, model_dir: Path, options: BenchOptions, cores: int, **paths: Path | None) -> dict:
     """One arm on one case in a fresh process; its JSON result plus the process tree's peak RSS."""
     from ffai.bench import arms
-    from ffai.rss import run_measured
+    from ffai.host import run_measured
 
-    cmd = arms.command(arm, case, model_dir, dtype=options.dtype, cores=cores, quality_n=options.quality_n, **paths)
+    cmd = arms.command(
+        arm,
+        case,
+        model_dir,
+        engine=options.engine,
+        dtype=options.dtype,
+        cores=cores,
+        quality_n=options.quality_n,
+        **paths,
+    )
     proc, peak, wall = run_measured(cmd)
     return {**_result(proc, f"the {arm} arm", case), "peak_rss": peak, "wall_s": round(wall, 3)}
 
@@ -110,7 +125,7 @@ def run_precision(case: str, model_dir: Path, options: BenchOptions, cores: int,
 
     from ffai.bench import agreement
 
-    cmd = agreement.command(case, model_dir, dtype=options.dtype, cores=cores, clip=clip)
+    cmd = agreement.command(case, model_dir, engine=options.engine, dtype=options.dtype, cores=cores, clip=clip)
     return _result(subprocess.run(cmd, capture_output=True, text=True), "the precision run", case)
 
 
@@ -125,11 +140,13 @@ def _result(proc, what: str, case: str) -> dict:
 
 def run_bench(options: BenchOptions, log: Callable[[str], None] = lambda message: None) -> dict:
     """Run both arms over the cases (and the quality corpus when there is one); the report."""
-    from ffai import models
+    from ffai import models, registry
+    from ffai.bench.hooks import hooks_for
     from ffai.captioning import available_cores
 
-    inputs.require_reference()
-    model_dir = models.resolve(options.model) if options.model else checkpoints.default_checkpoint(log)
+    hooks_for(options.engine).check_reference()
+    engine = options.engine or registry.DEFAULT_ENGINE
+    model_dir = models.resolve(options.model) if options.model else checkpoints.default_checkpoint(engine, log)
     corpus = "demo" if options.quality_corpus is None and inputs.is_demo_model(model_dir) else options.quality_corpus
     cores = options.cores or available_cores()
     cpu = ledger.cpu_identity()
@@ -161,6 +178,7 @@ def run_bench(options: BenchOptions, log: Callable[[str], None] = lambda message
     results = gates.gates(records, quality, options.dtype)
     load["end"] = ledger.load_average()
     return {
+        "engine": engine,
         "model": str(model_dir),
         "dtype": options.dtype,
         "repeats": options.repeats,
@@ -295,6 +313,10 @@ def render_precision(report: dict, console) -> None:
 
 @bench_app.command("vlm")
 def vlm(
+    engine: Annotated[
+        Optional[str],
+        typer.Option("--engine", help="Engine to bench, through its bench hooks (default: the default engine)."),
+    ] = None,
     model: Annotated[
         Optional[str],
         typer.Option(
@@ -330,10 +352,11 @@ def vlm(
     no_fail: Annotated[bool, typer.Option("--no-fail", help="Exit 0 even when a gate fails.")] = False,
     quiet: Annotated[bool, typer.Option("-q", "--quiet", help="No progress lines on stderr.")] = False,
 ) -> None:
-    """ffai against the transformers reference: correctness, quality, footprint and speed gates."""
+    """ffai against the engine's reference (SmolVLM's: transformers): correctness, quality, footprint and speed gates."""
     from rich.console import Console
 
     options = BenchOptions(
+        engine=engine,
         model=model,
         cases=parse_cases(case_list),
         repeats=repeats,

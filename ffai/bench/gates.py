@@ -73,7 +73,7 @@ def _arm_summary(runs: list[dict]) -> dict:
         "peak_rss": max(run["peak_rss"] for run in runs),
         "load_s": round(statistics.median(run["load_s"] for run in runs), 3),
         "warmup_s": round(statistics.median(run["warmup_s"] for run in runs), 3),
-        "torch_threads": runs[0]["torch_threads"],
+        "torch_threads": runs[0].get("torch_threads", {}),  # an engine's reference may use no torch
     }
 
 

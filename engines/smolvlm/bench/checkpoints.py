@@ -1,0 +1,209 @@
+"""Random-weight SmolVLM (Idefics3) checkpoints for the tests and the bench, written with
+transformers (``ffai.bench.checkpoints`` caches them), plus the transformers reference loaded on them.
+
+No real weights are reachable, so the oracle tests compare ffai's port and transformers on a
+checkpoint both load from the same files. Two shapes:
+
+- ``real``: the SmolVLM-256M-Instruct config (``tests/data/smolvlm-256m-instruct/config.json``),
+  ~1 GB of float32 weights with the real tensor names. The config.json written is the original
+  file verbatim (transformers 4.46 format: ``rope_theta`` in ``text_config``), so the loader is
+  tested against what the hub holds.
+- ``tiny``: the same structure with two layers per tower, small widths and a different tile
+  geometry (64 px tiles, 8 px patches, scale factor 2 -> 16 image tokens per tile), so nothing
+  can depend on 256M's sizes. Its config.json is the one transformers 5.x writes
+  (``rope_parameters``), so that format is tested too.
+
+Weights are re-initialised from one seed with a normal distribution on every tensor (norm
+weights around 1): transformers' default init leaves norms at exactly 1 and biases at 0, and
+random-but-not-degenerate logits keep greedy argmax free of ties.
+
+The cache (``<repo>/.cache/checkpoints/smolvlm-<kind>-<key>/``) keys its folders on
+``fingerprint``: this file, the config, the seed, the dtype and the transformers version, so a
+change to any of them means a fresh folder.
+
+The config and tokenizer files come from ``tests/data/smolvlm-256m-instruct``, which ships with
+a source checkout only. torch and transformers are imported inside the functions that need them.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import hashlib
+import importlib.metadata
+import json
+import shutil
+from pathlib import Path
+
+from ffai.errors import ModelError
+
+REPO = Path(__file__).resolve().parents[3]  # engines/smolvlm/bench/ -> the source checkout
+REFERENCE_DIR = REPO / "tests" / "data" / "smolvlm-256m-instruct"
+KINDS = ("real", "tiny")  # the first is the bench's checkpoint without --model
+INIT_STD = 0.04
+
+# Copied unchanged next to the weights (tokenizer, chat template, generation defaults).
+COPIED_FILES = (
+    "added_tokens.json",
+    "chat_template.json",
+    "generation_config.json",
+    "merges.txt",
+    "special_tokens_map.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.json",
+)
+
+# Tiny shapes: two layers per tower, GQA kept (4 heads over 2 kv heads), rope_theta and eps
+# differ from 256M so a hard-coded value would show.
+TINY_TEXT = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "rope_theta": 10000,
+    "rms_norm_eps": 1e-6,
+}
+TINY_VISION = {
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "patch_size": 8,
+    "image_size": 64,
+    "layer_norm_eps": 1e-5,
+    "max_image_size": {"longest_edge": 64},
+    "size": {"longest_edge": 256},
+}
+TINY_SCALE_FACTOR = 2
+TINY_TILE = 64  # preprocessor max_image_size.longest_edge
+TINY_LONGEST_EDGE = 256  # preprocessor size.longest_edge
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def write_json(path: Path, data: dict) -> None:
+    path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def require_reference_dir() -> Path:
+    """The folder of real config and tokenizer files, or a one-line error where it is missing."""
+    if not (REFERENCE_DIR / "config.json").is_file():
+        raise ModelError(
+            f"{REFERENCE_DIR} is missing: the random test checkpoints are built from the real config and "
+            f"tokenizer files there, which ship with a source checkout only"
+        )
+    return REFERENCE_DIR
+
+
+def config_dict(kind: str) -> dict:
+    """The checkpoint's config.json content for ``kind`` (a plain dict)."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown checkpoint kind {kind!r}; expected one of {KINDS}")
+    real = read_json(require_reference_dir() / "config.json")
+    if kind == "real":
+        return real
+    tiny = copy.deepcopy(real)
+    tiny["text_config"].update(TINY_TEXT)
+    tiny["vision_config"].update(TINY_VISION)
+    tiny["scale_factor"] = TINY_SCALE_FACTOR
+    tiny["text_config"]["pixel_shuffle_factor"] = TINY_SCALE_FACTOR
+    return tiny
+
+
+def image_seq_len(config: dict) -> int:
+    vision = config["vision_config"]
+    return (vision["image_size"] // vision["patch_size"]) ** 2 // config["scale_factor"] ** 2
+
+
+def processor_files(kind: str, config: dict) -> dict[str, dict]:
+    """preprocessor_config.json / processor_config.json, rewritten for the tile geometry."""
+    pre = read_json(REFERENCE_DIR / "preprocessor_config.json")
+    proc = read_json(REFERENCE_DIR / "processor_config.json")
+    if kind == "tiny":
+        pre["max_image_size"] = {"longest_edge": TINY_TILE}
+        pre["size"] = {"longest_edge": TINY_LONGEST_EDGE}
+        proc["image_seq_len"] = image_seq_len(config)
+    return {"preprocessor_config.json": pre, "processor_config.json": proc}
+
+
+def reinit_(model, seed: int, std: float = INIT_STD) -> None:
+    """Every tensor drawn from one seeded generator: weights N(0, std), norm weights 1 + N(0, std)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    norm_weights = {
+        f"{mod_name}.weight"
+        for mod_name, module in model.named_modules()
+        if isinstance(module, torch.nn.LayerNorm) or type(module).__name__.endswith("RMSNorm")
+    }
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            noise = torch.randn(param.shape, generator=gen, dtype=torch.float32) * std
+            if name in norm_weights:
+                noise += 1.0
+            param.copy_(noise.to(param.dtype))
+
+
+def build_model(config: dict, seed: int, dtype: str = "float32"):
+    """transformers' Idefics3ForConditionalGeneration for a config.json dict, re-initialised."""
+    import torch
+    from transformers import Idefics3Config, Idefics3ForConditionalGeneration
+
+    torch.manual_seed(seed)
+    # The hub config says torch_dtype bfloat16; build everything in float32, then cast once.
+    model = Idefics3ForConditionalGeneration(Idefics3Config.from_dict(config)).float()
+    reinit_(model, seed)
+    return model.to(getattr(torch, dtype)).eval()
+
+
+def write_checkpoint(kind: str, out: Path | str, seed: int = 0, dtype: str = "float32") -> Path:
+    """Write a complete checkpoint folder (weights, config, tokenizer, processor) to ``out``."""
+    out = Path(out)
+    config = config_dict(kind)
+    out.mkdir(parents=True, exist_ok=True)
+    model = build_model(config, seed, dtype)
+    model.save_pretrained(out, safe_serialization=True)
+    if kind == "real":
+        # Keep the hub's own config.json (transformers 4.46 format) rather than the re-serialised one.
+        shutil.copyfile(REFERENCE_DIR / "config.json", out / "config.json")
+    for name in COPIED_FILES:
+        shutil.copyfile(REFERENCE_DIR / name, out / name)
+    for name, data in processor_files(kind, config).items():
+        write_json(out / name, data)
+    return out
+
+
+def fingerprint(kind: str, seed: int = 0, dtype: str = "float32") -> str:
+    """What ``write_checkpoint(kind, …, seed, dtype)`` writes depends on: this file (the writer),
+    the config it builds, the seed, the dtype and the transformers version."""
+    h = hashlib.sha256(Path(__file__).read_bytes())
+    h.update(json.dumps(config_dict(kind), sort_keys=True).encode())
+    h.update(f"{seed}/{dtype}/{importlib.metadata.version('transformers')}".encode())
+    return h.hexdigest()
+
+
+# --- the transformers reference on a checkpoint ------------------------------------------------
+
+
+@functools.cache
+def reference_model(path: Path, dtype: str = "float32", attention: str | None = None):
+    """transformers' Idefics3ForConditionalGeneration on a checkpoint, loaded once per process.
+    ``attention`` picks transformers' attention implementation (default: its own choice, SDPA)."""
+    import torch
+    from transformers import Idefics3ForConditionalGeneration
+
+    extra = {"attn_implementation": attention} if attention else {}
+    return Idefics3ForConditionalGeneration.from_pretrained(path, dtype=getattr(torch, dtype), **extra).eval()
+
+
+@functools.cache
+def reference_processor(path: Path):
+    """transformers' processor for a checkpoint, loaded once per process."""
+    from transformers import AutoProcessor
+
+    return AutoProcessor.from_pretrained(path)

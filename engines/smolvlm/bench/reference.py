@@ -1,0 +1,84 @@
+"""The bench's reference arm for SmolVLM: transformers' Idefics3ForConditionalGeneration (float32,
+always) with its PIL processor, asked the same question ffai asks; the ``clip`` case decodes the
+same windows with ``ffai.media.sample_frames`` (``ffai.bench.cases.clip_items``) and calls
+processor + generate per window."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from ffai.bench import cases
+from ffai.engine import DecodingOptions
+from ffai.errors import ModelError
+from ffai_smolvlm.engine import prompt_text
+
+MISSING_REFERENCE = "the reference arm needs transformers: pip install 'ffai[reference]'"
+
+
+def require_transformers() -> None:
+    """Fail early, in one line, when transformers is not installed (the [reference] extra)."""
+    try:
+        found = importlib.util.find_spec("transformers") is not None
+    except (ImportError, ValueError):  # a broken install, or sys.modules["transformers"] = None
+        found = False
+    if not found:
+        raise ModelError(MISSING_REFERENCE)
+
+
+class ReferenceArm:
+    name = "reference"
+
+    def __init__(self, model_dir: Path, cores: int) -> None:
+        self.model_dir = model_dir  # the reference is the float32 baseline whatever --dtype says
+        self.cores = cores
+        self.model = self.processor = None
+
+    def load(self) -> None:
+        try:
+            import torch
+            from transformers import AutoProcessor, Idefics3ForConditionalGeneration
+        except ImportError as e:
+            raise ModelError(MISSING_REFERENCE) from e
+        # The same cores ffai plans its placement and threads for, all given to the one process.
+        torch.set_num_threads(self.cores)
+        self.model = Idefics3ForConditionalGeneration.from_pretrained(self.model_dir, dtype=torch.float32).eval()
+        self.processor = AutoProcessor.from_pretrained(self.model_dir, backend="pil")
+        eos = self.model.generation_config.eos_token_id
+        self.stop_ids = set(eos if isinstance(eos, list) else [eos])
+
+    def answer(self, item, options: DecodingOptions) -> tuple[list[int], str]:
+        import torch
+
+        n = len(item.images)
+        content = [{"type": "image"}] * n + [{"type": "text", "text": prompt_text(options, n, still=item.still)}]
+        chat = self.processor.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True)
+        inputs = self.processor(text=chat, images=list(item.images), return_tensors="pt", do_image_splitting=item.still)
+        budget = {"max_new_tokens": options.max_new_tokens, "do_sample": False}
+        if options.force_new_tokens:
+            budget["min_new_tokens"] = options.max_new_tokens
+        with torch.inference_mode():
+            out = self.model.generate(**inputs, **budget)
+        tokens = out[0, inputs["input_ids"].shape[1] :].tolist()
+        # transformers keeps the stop token that ended the answer; ffai leaves it out.
+        if tokens and tokens[-1] in self.stop_ids and not options.force_new_tokens:
+            tokens = tokens[:-1]
+        return tokens, self.processor.decode(tokens, skip_special_tokens=True)
+
+    def answer_all(self, items: list, options: list[DecodingOptions]) -> dict[str, tuple[list[int], str]]:
+        return {it.id: self.answer(it, o) for it, o in zip(items, options)}
+
+    def clip(self, path: Path) -> dict[str, list[int]]:
+        options = cases.decoding()
+        return {item.id: self.answer(item, options)[0] for item in cases.clip_items(path)}
+
+    def info(self) -> dict:
+        import torch
+
+        return {
+            "torch_threads": {"main": torch.get_num_threads()},
+            "image_processor": type(self.processor.image_processor).__name__,
+        }
+
+    def close(self) -> None:
+        self.model = self.processor = None
