@@ -320,7 +320,9 @@ def vlm(
     model: Annotated[
         Optional[str],
         typer.Option(
-            "--model", help="Model name or checkpoint folder (default: real SmolVLM-256M shapes, random weights)."
+            "--model",
+            help="Model name or checkpoint folder (default: the engine's random checkpoint; SmolVLM's has the "
+            "real SmolVLM-256M shapes).",
         ),
     ] = None,
     case_list: Annotated[
