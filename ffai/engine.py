@@ -137,6 +137,11 @@ class Request:
         times = tuple(float(t) for t in times)
         return cls(tuple(images), options, times, span or (times[0], times[-1]))
 
+    @classmethod
+    def of(cls, images, times, options: DecodingOptions) -> "Request":
+        """A still when ``times`` is None, else a window of frames at those times."""
+        return cls(tuple(images), options) if times is None else cls.frames(images, times, options)
+
 
 @dataclass(frozen=True)
 class Answer:

@@ -43,12 +43,7 @@ class Item:
         return self.times is None
 
     def request(self, options: DecodingOptions) -> Request:
-        return as_request(self.images, self.times, options)
-
-
-def as_request(images: tuple, times: tuple[float, ...] | None, options: DecodingOptions) -> Request:
-    """A still when ``times`` is None, else a window of frames at those times."""
-    return Request(images, options) if times is None else Request.frames(images, times, options)
+        return Request.of(self.images, self.times, options)
 
 
 def frame_times(n: int, fps: float = CLIP_FPS) -> tuple[float, ...]:
@@ -149,7 +144,7 @@ class QualityItem:
         return self.times is None
 
     def request(self, options: DecodingOptions) -> Request:
-        return as_request(self.images, self.times, options)
+        return Request.of(self.images, self.times, options)
 
 
 def is_demo_model(model_dir: Path) -> bool:

@@ -80,9 +80,7 @@ class Item:
         return None if self.still else tuple(float(i) for i in range(self.n_frames))
 
     def request(self, options: DecodingOptions) -> Request:
-        from ffai.bench.cases import as_request
-
-        return as_request(tuple(self.images()), self.times, options)
+        return Request.of(self.images(), self.times, options)
 
 
 @dataclass
