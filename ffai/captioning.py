@@ -18,7 +18,7 @@ from typing import Callable, Hashable, Iterable, Iterator, Sequence
 
 from PIL import Image
 
-from ffai import cpu, live, media, messages, models, registry, sheet
+from ffai import host, live, media, messages, models, registry, sheet
 from ffai.cues import Cue, Dropped
 from ffai.engine import Answer, DecodingOptions, Engine, Request, RuntimeOptions, StageSpec
 from ffai.errors import UsageError
@@ -155,7 +155,7 @@ def resolve_model(options: CaptionOptions) -> ResolvedModel:
         name, fallback = models.default_model(engine.info.name, engine.info.default_model)
         warnings += [fallback] if fallback else []
     if options.runtime.device != "cuda":
-        slow = cpu.host().slow_dtype_warning(options.runtime.dtype)
+        slow = host.cpu_info().slow_dtype_warning(options.runtime.dtype)
         warnings += [slow] if slow else []
     return ResolvedModel(engine, name, models.resolve(name), tuple(warnings))
 

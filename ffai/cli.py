@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from ffai import cpu, messages
+from ffai import host, messages
 from ffai.errors import FfaiError, UsageError
 
 try:  # typer >= 0.22 carries its own copy of click
@@ -105,14 +105,14 @@ def engines(as_json: AsJson = False) -> None:
     from ffai import registry
 
     infos = registry.engine_infos()
-    host = cpu.host()
-    # Which dtypes run at least as fast as float32 is the CPU's doing (ffai.cpu), the same for
+    cpu = host.cpu_info()
+    # Which dtypes run at least as fast as float32 is the CPU's doing (ffai.host), the same for
     # every engine; float32 is the exact one.
-    fast = list(host.fast_dtypes())
+    fast = list(cpu.fast_dtypes())
     if as_json:
         typer.echo(json.dumps([{**asdict(i), "fast_dtypes": fast} for i in infos], indent=2, ensure_ascii=False))
         return
-    table = Table(title="ffai engines", caption=f"CPU: {host.describe()}; fast dtypes here: {', '.join(fast)}")
+    table = Table(title="ffai engines", caption=f"CPU: {cpu.describe()}; fast dtypes here: {', '.join(fast)}")
     for column in ("name", "task", "status", "default model", "description"):
         table.add_column(column)
     for i in infos:

@@ -25,7 +25,7 @@ import threading
 import time
 from pathlib import Path
 
-from ffai import cpu
+from ffai import host
 from ffai.bench import demo_scenes
 from ffai.bench.live_stream import Pacer, encode_ts, paced_chunks
 from ffai.captioning import Captioner, CaptionOptions, Progress
@@ -100,7 +100,7 @@ def main() -> int:
     per_scene = 3.0
     scenes = [demo_scenes.CLIP_SCENES[i % len(demo_scenes.CLIP_SCENES)] for i in range(round(args.seconds / per_scene))]
     clip = encode_ts(scenes, per_scene)
-    record = {"cpu": cpu.host().describe(), "cores": len(os.sched_getaffinity(0)), "load_before": os.getloadavg()}
+    record = {"cpu": host.cpu_info().describe(), "cores": len(os.sched_getaffinity(0)), "load_before": os.getloadavg()}
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for case in args.cases.split(","):

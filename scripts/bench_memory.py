@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 from ffai.bench.sample_media import make_clip
-from ffai.rss import run_measured
+from ffai.host import run_measured
 
 
 def main() -> int:

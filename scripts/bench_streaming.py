@@ -40,7 +40,7 @@ def step_ms(model, encoded, stream) -> float:
 
 
 def engine_arms(model_dir: Path, tokens: int, repeats: int) -> dict[str, float]:
-    from ffai.pipeline.worker import set_threads
+    from ffai.host import set_threads
 
     set_threads(2)  # as the pipeline sets it on this 2-core machine
     model = InlineEngine(registry.get_engine("smolvlm"), model_dir, RuntimeOptions())

@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from ffai import cpu, messages
+from cpu_samples import AVX2_ONLY, EPYC_ZEN4, GRAVITON3, SAPPHIRE_RAPIDS, SSE_ONLY
+from ffai import host, messages
 from ffai.bench.sample_media import make_clip
 from ffai.captioning import Captioner, CaptionOptions
 from ffai.cli import run
@@ -34,72 +35,12 @@ from ffai_smolvlm.layers import (
 from ffai_smolvlm.vision import blocked_attention
 from ffai_smolvlm.weights import ATTENTION_BLOCK, load_model, vision_attention
 
-# Captured from real machines (first processor, flags abridged to those around the relevant ones).
-EPYC_ZEN4 = """processor\t: 0
-vendor_id\t: AuthenticAMD
-cpu family\t: 25
-model name\t: AMD EPYC
-flags\t\t: fpu sse sse2 ssse3 fma avx f16c avx2 avx512f avx512dq avx512bw avx512vl avx512_bf16 avx512vbmi avx512_vnni avx512_bitalg
-bogomips\t: 4792.79
 
-processor\t: 1
-model name\t: AMD EPYC
-flags\t\t: fpu sse sse2 ssse3 fma avx f16c avx2 avx512f avx512dq avx512bw avx512vl avx512_bf16 avx512vbmi avx512_vnni avx512_bitalg
-"""
-AVX2_ONLY = """processor\t: 0
-vendor_id\t: GenuineIntel
-model name\t: Intel(R) Xeon(R) CPU E5-2686 v4 @ 2.30GHz
-flags\t\t: fpu vme de pse tsc msr pae sse sse2 ssse3 fma cx16 sse4_1 sse4_2 avx f16c rdrand avx2 bmi2
-"""
-SAPPHIRE_RAPIDS = """processor\t: 0
-model name\t: Intel(R) Xeon(R) Platinum 8488C
-flags\t\t: avx2 avx512f avx512_vnni avx512_bf16 amx_bf16 avx512_fp16 amx_tile amx_int8
-"""
-GRAVITON3 = """processor\t: 0
-BogoMIPS\t: 2100.00
-Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm asimddp sha512 sve asimdfhm i8mm bf16
-CPU implementer\t: 0x41
-"""
-SSE_ONLY = """processor\t: 0
-model name\t: Old CPU
-flags\t\t: fpu sse sse2 sse4_1 sse4_2
-"""
-
-
-def test_cpuinfo_of_an_avx512_vnni_bf16_cpu():
-    info = cpu.parse_cpuinfo(EPYC_ZEN4)
-    assert info.model == "AMD EPYC" and info.known
-    assert info.relevant_flags == ("avx2", "avx512f", "avx512_vnni", "avx512_bf16")
-    assert info.fast_dtypes() == ("float32", "int8", "bfloat16")
-    assert info.describe() == "AMD EPYC (avx2, avx512f, avx512_vnni, avx512_bf16)"
-    for dtype in ("float32", "int8", "bfloat16"):
-        assert info.slow_dtype_warning(dtype) is None
-
-
-def test_cpuinfo_of_other_cpus():
-    avx2 = cpu.parse_cpuinfo(AVX2_ONLY)
-    assert avx2.model.startswith("Intel(R) Xeon(R) CPU E5-2686")
-    assert avx2.relevant_flags == ("avx2",)
-    assert avx2.fast_dtypes() == ("float32", "int8")
-    amx = cpu.parse_cpuinfo(SAPPHIRE_RAPIDS)
-    assert set(amx.relevant_flags) >= {"amx_tile", "amx_int8", "amx_bf16"}
-    assert amx.fast_dtypes() == ("float32", "int8", "bfloat16")
-    arm = cpu.parse_cpuinfo(GRAVITON3)
-    assert set(arm.relevant_flags) == {"asimddp", "i8mm", "bf16"} and arm.known
-    assert arm.fast_dtypes() == ("float32", "int8", "bfloat16")
-    old = cpu.parse_cpuinfo(SSE_ONLY)
-    assert old.fast_dtypes() == ("float32",)
-    # No flags line at all: nothing is known, so nothing is called slow.
-    blind = cpu.parse_cpuinfo("processor\t: 0\n")
-    assert not blind.known and blind.fast_dtypes() == ("float32", "int8", "bfloat16")
-    assert blind.slow_dtype_warning("bfloat16") is None
-
-
-def test_bf16_attention_by_the_cpus_bf16_instructions():
-    assert cpu.parse_cpuinfo(SAPPHIRE_RAPIDS).bf16_attention == "sdpa"
-    assert cpu.parse_cpuinfo(EPYC_ZEN4).bf16_attention == "blocked"
-    for text in (AVX2_ONLY, GRAVITON3, SSE_ONLY, "processor\t: 0\n"):
-        assert cpu.parse_cpuinfo(text).bf16_attention is None
+def test_opt_in_attention_by_the_cpus_bf16_instructions(monkeypatch):
+    expected = {SAPPHIRE_RAPIDS: (torch.bfloat16, None), EPYC_ZEN4: (torch.bfloat16, ATTENTION_BLOCK)}
+    for text in (SAPPHIRE_RAPIDS, EPYC_ZEN4, AVX2_ONLY, GRAVITON3, SSE_ONLY, "processor\t: 0\n"):
+        monkeypatch.setattr(host, "cpu_info", lambda text=text: host.parse_cpuinfo(text))
+        assert vision_attention(torch.int8) == expected.get(text, (torch.float32, None))
 
 
 @pytest.mark.parametrize("masked", [False, True])
@@ -125,23 +66,6 @@ def test_blocked_attention_is_softmax_attention(masked):
     if masked:  # a padded key changes nothing: the same output as without those keys at all
         alone = blocked_attention(q[1:, :, :70], k[1:, :, :70], v[1:, :, :70], None, hd**-0.5, 32)
         torch.testing.assert_close(blocked[1, :70], alone[0], rtol=1e-5, atol=1e-5)
-
-
-def test_slow_dtype_warning_names_the_cpu_and_the_missing_flags():
-    avx2 = cpu.parse_cpuinfo(AVX2_ONLY)
-    line = avx2.slow_dtype_warning("bfloat16")
-    assert line is not None and "\n" not in line
-    assert "--dtype bfloat16 will run slower than float32" in line
-    assert "E5-2686" in line and "avx512_bf16" in line and "amx_bf16" in line
-    assert avx2.slow_dtype_warning("int8") is None
-    old = cpu.parse_cpuinfo(SSE_ONLY)
-    assert "--dtype int8 will run slower than float32" in old.slow_dtype_warning("int8")
-    assert old.slow_dtype_warning("float32") is None
-
-
-def test_host_reads_this_machine_once():
-    assert cpu.host() is cpu.host()
-    assert cpu.host().fast_dtypes()[0] == "float32"
 
 
 def test_runtime_options_accept_int8():
@@ -310,24 +234,24 @@ def test_the_vision_tower_attends_as_the_cpu_runs_fastest(monkeypatch, tiny_chec
     weights' dtype, in bfloat16 SDPA with AMX-BF16, by bfloat16 blocks with AVX512_BF16 alone,
     and in float32 SDPA on other CPUs."""
     expected = {"amx": (torch.bfloat16, None), "zen4": (torch.bfloat16, ATTENTION_BLOCK), "avx2": (torch.float32, None)}
-    for host, info in HOSTS.items():
-        monkeypatch.setattr(cpu, "host", lambda info=info: cpu.parse_cpuinfo(info))
+    for kind, info in HOSTS.items():
+        monkeypatch.setattr(host, "cpu_info", lambda info=info: host.parse_cpuinfo(info))
         model = load_model(tiny_checkpoint, dtype=getattr(torch, dtype), parts=("vision",))
-        assert _vision_attention(model) == ({(None, None)} if dtype == "float32" else {expected[host]}), host
+        assert _vision_attention(model) == ({(None, None)} if dtype == "float32" else {expected[kind]}), kind
         # a GPU attends in the activations' own dtype, whatever the host CPU has
         assert vision_attention(getattr(torch, dtype), "cuda") == (None, None)
 
 
-@pytest.mark.parametrize("host", ["this", *HOSTS])
+@pytest.mark.parametrize("cpu", ["this", *HOSTS])
 @pytest.mark.parametrize("dtype", ["int8", "bfloat16"])
-def test_agreement_with_float32_on_the_tiny_checkpoint(monkeypatch, tiny_checkpoint, dtype, host):
+def test_agreement_with_float32_on_the_tiny_checkpoint(monkeypatch, tiny_checkpoint, dtype, cpu):
     """On this machine's CPU, and as loaded for each kind of CPU's attention (bfloat16 SDPA,
     bfloat16 blocks, float32 SDPA), all of which this machine runs, some slower."""
     exact = InlineEngine(ENGINE, tiny_checkpoint, RuntimeOptions(dtype="float32", device="cpu"))
-    if host != "this":
-        monkeypatch.setattr(cpu, "host", lambda: cpu.parse_cpuinfo(HOSTS[host]))
+    if cpu != "this":
+        monkeypatch.setattr(host, "cpu_info", lambda: host.parse_cpuinfo(HOSTS[cpu]))
     fast = InlineEngine(ENGINE, tiny_checkpoint, RuntimeOptions(dtype=dtype, device="cpu"))
-    if host != "this":
+    if cpu != "this":
         assert len(_vision_attention(fast["vision"].net)) == 1
     embeds_bound, logits_bound = BOUNDS[dtype]
     for seed in range(2):
@@ -381,18 +305,18 @@ def test_caption_cli_runs_each_dtype_on_a_still_and_a_clip(capsys, tmp_path, tin
     cues = json.loads(track.read_text(encoding="utf-8"))["cues"]
     assert len(cues) >= 2 and all(cue["text"] for cue in cues)
     # nothing warns on this machine when the CPU runs the dtype fast
-    if dtype in cpu.host().fast_dtypes():
+    if dtype in host.cpu_info().fast_dtypes():
         assert "warning" not in err
 
 
 def test_slow_dtype_warning_reaches_the_cli(monkeypatch, capsys, tiny_checkpoint, media):
     still, _ = media
-    monkeypatch.setattr(cpu, "host", lambda: cpu.parse_cpuinfo(AVX2_ONLY))
+    monkeypatch.setattr(host, "cpu_info", lambda: host.parse_cpuinfo(AVX2_ONLY))
     args = ["caption", "-i", str(still), "--model", str(tiny_checkpoint), "--max-new-tokens", "2"]
     assert run([*args, "--dtype", "bfloat16", "--placement", "inline"]) == 0
     _, err = capsys.readouterr()
     warnings = [line for line in err.splitlines() if line.startswith("ffai: warning:")]
-    assert warnings == [f"ffai: warning: {cpu.parse_cpuinfo(AVX2_ONLY).slow_dtype_warning('bfloat16')}"]
+    assert warnings == [f"ffai: warning: {host.parse_cpuinfo(AVX2_ONLY).slow_dtype_warning('bfloat16')}"]
     assert run([*args, "--dtype", "int8", "--placement", "inline"]) == 0
     _, err = capsys.readouterr()
     assert "warning" not in err

@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from ffai.engine import Answer, DecodingOptions, Request, RuntimeOptions
+from ffai.host import release_free_heap
 from ffai_smolvlm.engine import prompt_text
-from ffai_smolvlm.loading import load_weights, release_free_heap
+from ffai_smolvlm.loading import load_weights
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch

@@ -375,16 +375,20 @@ def vision_attention(dtype: torch.dtype, device="cpu") -> tuple[torch.dtype | No
     """How the vision tower attends for a load in ``dtype`` on ``device`` (``VisionAttention``):
     the dtype (None: the activations' own) and the query rows per block (None: torch's SDPA).
     float32 and every load off the CPU: SDPA in the activations' dtype, the exact path. On the
-    CPU, for the opt-in dtypes, as ``cpu.CpuInfo.bf16_attention`` says: bfloat16 SDPA with AMX,
+    CPU, for the opt-in dtypes, as the CPU's flags say: bfloat16 SDPA with AMX,
     bfloat16 by blocks with AVX512_BF16 alone, float32 SDPA elsewhere."""
     if dtype == torch.float32 or torch.device(device).type != "cpu":
         return None, None
-    from ffai import cpu
+    from ffai import host
 
-    kind = cpu.host().bf16_attention
-    if kind is None:
-        return torch.float32, None
-    return torch.bfloat16, ATTENTION_BLOCK if kind == "blocked" else None
+    # torch's CPU flash attention packs its bfloat16 blocks for oneDNN's brgemm only where oneDNN
+    # finds AMX; with AVX512_BF16 alone plain bfloat16 matmuls by blocks run faster than it.
+    flags = host.cpu_info().flags
+    if "amx_bf16" in flags:
+        return torch.bfloat16, None
+    if "avx512_bf16" in flags:
+        return torch.bfloat16, ATTENTION_BLOCK
+    return torch.float32, None
 
 
 def _pack_bf16_linears(model: Idefics3, tied_head: tuple[Path, str] | None) -> None:
@@ -435,9 +439,9 @@ def _embeddings_left_in_file(model: Idefics3, at: tuple[Path, str] | None) -> No
 def int8_reduce_range() -> bool:
     """Whether int8 activations must keep to 7 bits on this CPU (``QuantizedLinear``): yes unless
     it has a VNNI or AMX int8 dot product, whose sums cannot saturate."""
-    from ffai import cpu
+    from ffai import host
 
-    return not cpu.host().flags & {"avx512_vnni", "avx_vnni", "amx_int8"}
+    return not host.cpu_info().flags & {"avx512_vnni", "avx_vnni", "amx_int8"}
 
 
 def load_model(

@@ -25,7 +25,7 @@ from ffai.errors import OutputError
 from ffai.models import ffai_home
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ffai.cpu import CpuInfo
+    from ffai.host import CpuInfo
 
 PACKAGES = ("ffai", "torch", "transformers", "tokenizers", "av", "pillow")
 REQUIRED_KEYS = (
@@ -79,11 +79,11 @@ def git_commit(repo: Path = REPO) -> str | None:
 
 
 def cpu_identity(info: "CpuInfo | None" = None) -> dict:
-    """The CPU's model name and the flags that decide which dtype runs fast (``ffai.cpu``; this
+    """The CPU's model name and the flags that decide which dtype runs fast (``ffai.host``; this
     machine's unless ``info`` is given), as the report and the ledger record them."""
-    from ffai import cpu
+    from ffai import host
 
-    info = cpu.host() if info is None else info
+    info = host.cpu_info() if info is None else info
     return {"model": info.model, "flags": list(info.relevant_flags)}
 
 

@@ -25,6 +25,7 @@ import traceback
 from typing import Any
 
 from ffai.errors import FfaiError
+from ffai.host import set_threads
 from ffai.pipeline.config import PipelineConfig
 from ffai.pipeline.errors import PipelineStartError
 from ffai.pipeline.messages import FAILED, READY, Message
@@ -36,7 +37,6 @@ from ffai.pipeline.worker import (
     WorkerHost,
     run_init,
     serve,
-    set_threads,
     worker_main,
 )
 

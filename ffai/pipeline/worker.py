@@ -26,6 +26,7 @@ from multiprocessing.reduction import ForkingPickler
 from typing import Any, Callable
 
 from ffai.errors import FfaiError
+from ffai.host import set_threads
 from ffai.pipeline.compute import ComputeThread
 from ffai.pipeline.config import PipelineConfig, ProcessConfig, StageConfig, resolve
 from ffai.pipeline.errors import ConfigError
@@ -105,39 +106,6 @@ def _taking_turns(fn: Callable[[Any], Any], compute: ComputeThread) -> Callable[
         return compute.run(with_emitter(fn, payload))
 
     return run
-
-
-def set_threads(threads: int) -> None:
-    """Pin torch's intra-op threads (and OpenMP/MKL's) before any stage touches torch, and have
-    them allocate from one malloc arena (:func:`share_one_malloc_arena`)."""
-    share_one_malloc_arena()
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ[var] = str(threads)
-    import torch  # only processes that ask for a thread count pay for the import here
-
-    torch.set_num_threads(threads)
-
-
-M_ARENA_MAX = -8  # glibc's mallopt parameter
-
-
-def share_one_malloc_arena() -> bool:
-    """Have every thread of this process allocate from glibc's main malloc arena, not one arena
-    per thread; returns whether it applied (glibc only; elsewhere malloc is left as it is).
-
-    Each of torch's compute threads otherwise gets an arena of its own, and memory it frees
-    (fbgemm's and oneDNN's per-call buffers, a layer's outputs) stays in that arena for that
-    thread alone, beside the main arena's own. Measured on the int8 clip (AMD EPYC Zen 4,
-    2 threads): the engine's peak 690 -> 650 MiB and 630 -> 596 MiB between windows, at the same
-    speed. A few threads, each making few and large allocations, hardly contend for one arena.
-    Threads that already allocated keep their arena, so this runs before torch starts its own.
-    """
-    try:
-        libc = ctypes.CDLL(None)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return False
-    return bool(mallopt(M_ARENA_MAX, 1))
 
 
 def run_init(process: ProcessConfig) -> None:

@@ -3,8 +3,6 @@ the coordinator's contract on the inline placement."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import threading
 import time
 from typing import Any
@@ -290,33 +288,3 @@ def test_an_unknown_placement_is_refused_before_anything_starts() -> None:
     config = PipelineConfig([StageConfig("a", F, args=("identity",), terminal=True)])
     with pytest.raises(PipelineError, match="placement must be one of inline, workers, got 'auto'"):
         Coordinator(config, placement="auto")
-
-
-# -- process settings ----------------------------------------------------------------------
-
-_ARENA_PROBE = """
-import ctypes, sys, threading
-from ffai.pipeline.worker import set_threads
-
-libc = ctypes.CDLL(None)
-libc.malloc.restype = ctypes.c_void_p
-if sys.argv[1] == "set":
-    set_threads(1)
-held = []
-worker = threading.Thread(target=lambda: held.extend(libc.malloc(16 << 10) for _ in range(64)))
-worker.start(); worker.join()
-libc.malloc_stats()  # to stderr: "Arena 0:", "Arena 1:", ... each arena's bytes
-"""
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc arenas")
-def test_set_threads_has_every_thread_allocate_from_the_main_arena() -> None:
-    # Once set_threads has run, a new thread's allocations come from the main arena and no
-    # second arena exists; without it the thread gets one of its own (the control: the probe
-    # itself can tell the two apart).
-    def arenas(mode: str) -> list[str]:
-        out = subprocess.run([sys.executable, "-c", _ARENA_PROBE, mode], capture_output=True, text=True, check=True)
-        return [line for line in out.stderr.splitlines() if line.startswith("Arena ")]
-
-    assert arenas("set") == ["Arena 0:"]
-    assert len(arenas("unset")) >= 2

@@ -1,0 +1,133 @@
+"""ffai.host: the CPU's model and flags, torch's thread count and glibc's malloc arenas, the
+heap's settings, and a process tree's resident memory."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from cpu_samples import AVX2_ONLY, EPYC_ZEN4, GRAVITON3, SAPPHIRE_RAPIDS, SSE_ONLY
+from ffai import host
+
+
+def test_cpuinfo_of_an_avx512_vnni_bf16_cpu():
+    info = host.parse_cpuinfo(EPYC_ZEN4)
+    assert info.model == "AMD EPYC" and info.known
+    assert info.relevant_flags == ("avx2", "avx512f", "avx512_vnni", "avx512_bf16")
+    assert info.fast_dtypes() == ("float32", "int8", "bfloat16")
+    assert info.describe() == "AMD EPYC (avx2, avx512f, avx512_vnni, avx512_bf16)"
+    for dtype in ("float32", "int8", "bfloat16"):
+        assert info.slow_dtype_warning(dtype) is None
+
+
+def test_cpuinfo_of_other_cpus():
+    avx2 = host.parse_cpuinfo(AVX2_ONLY)
+    assert avx2.model.startswith("Intel(R) Xeon(R) CPU E5-2686")
+    assert avx2.relevant_flags == ("avx2",)
+    assert avx2.fast_dtypes() == ("float32", "int8")
+    amx = host.parse_cpuinfo(SAPPHIRE_RAPIDS)
+    assert set(amx.relevant_flags) >= {"amx_tile", "amx_int8", "amx_bf16"}
+    assert amx.fast_dtypes() == ("float32", "int8", "bfloat16")
+    arm = host.parse_cpuinfo(GRAVITON3)
+    assert set(arm.relevant_flags) == {"asimddp", "i8mm", "bf16"} and arm.known
+    assert arm.fast_dtypes() == ("float32", "int8", "bfloat16")
+    old = host.parse_cpuinfo(SSE_ONLY)
+    assert old.fast_dtypes() == ("float32",)
+    # No flags line at all: nothing is known, so nothing is called slow.
+    blind = host.parse_cpuinfo("processor\t: 0\n")
+    assert not blind.known and blind.fast_dtypes() == ("float32", "int8", "bfloat16")
+    assert blind.slow_dtype_warning("bfloat16") is None
+
+
+def test_slow_dtype_warning_names_the_cpu_and_the_missing_flags():
+    avx2 = host.parse_cpuinfo(AVX2_ONLY)
+    line = avx2.slow_dtype_warning("bfloat16")
+    assert line is not None and "\n" not in line
+    assert "--dtype bfloat16 will run slower than float32" in line
+    assert "E5-2686" in line and "avx512_bf16" in line and "amx_bf16" in line
+    assert avx2.slow_dtype_warning("int8") is None
+    old = host.parse_cpuinfo(SSE_ONLY)
+    assert "--dtype int8 will run slower than float32" in old.slow_dtype_warning("int8")
+    assert old.slow_dtype_warning("float32") is None
+
+
+def test_host_reads_this_machine_once():
+    assert host.cpu_info() is host.cpu_info()
+    assert host.cpu_info().fast_dtypes()[0] == "float32"
+
+
+def test_importing_host_imports_no_torch():
+    code = "import sys, ffai.host; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+_ARENA_PROBE = """
+import ctypes, sys, threading
+from ffai.host import set_threads
+
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+if sys.argv[1] == "set":
+    set_threads(1)
+held = []
+worker = threading.Thread(target=lambda: held.extend(libc.malloc(16 << 10) for _ in range(64)))
+worker.start(); worker.join()
+libc.malloc_stats()  # to stderr: "Arena 0:", "Arena 1:", ... each arena's bytes
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc arenas")
+def test_set_threads_has_every_thread_allocate_from_the_main_arena() -> None:
+    # Once set_threads has run, a new thread's allocations come from the main arena and no
+    # second arena exists; without it the thread gets one of its own (the control: the probe
+    # itself can tell the two apart).
+    def arenas(mode: str) -> list[str]:
+        out = subprocess.run([sys.executable, "-c", _ARENA_PROBE, mode], capture_output=True, text=True, check=True)
+        return [line for line in out.stderr.splitlines() if line.startswith("Arena ")]
+
+    assert arenas("set") == ["Arena 0:"]
+    assert len(arenas("unset")) >= 2
+
+
+_HEAP_PROBE = """
+import ctypes
+from ffai import host
+
+class Info(ctypes.Structure):  # glibc's struct mallinfo2
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+libc = ctypes.CDLL(None)
+libc.mallinfo2.restype = Info
+libc.malloc.restype = ctypes.c_void_p
+
+def mapped_after_malloc(size):  # whether a block of ``size`` bytes is a mapping of its own
+    before = libc.mallinfo2().hblks
+    block = libc.malloc(size)
+    mapped = libc.mallinfo2().hblks > before
+    libc.free(ctypes.c_void_p(block))
+    return mapped
+
+with host.heap_for_loading():
+    loading = mapped_after_malloc(2 << 20)
+host.release_free_heap()
+print(loading, mapped_after_malloc(2 << 20), mapped_after_malloc(32 << 20))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
+def test_heap_for_loading_maps_staging_buffers_then_serves_activations_from_the_heap() -> None:
+    # While loading a 2 MiB block is a mapping of its own (handed back on free); afterwards it
+    # comes from the heap, and only blocks over the run's threshold (16 MiB) are mapped.
+    out = subprocess.run([sys.executable, "-c", _HEAP_PROBE], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["True", "False", "True"]
+
+
+def test_peak_rss_of_a_process_tree() -> None:
+    code = "import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', 'import time; b = bytearray(64 << 20); time.sleep(1)']); time.sleep(0.6); c.wait()"
+    done, peak, seconds = host.run_measured([sys.executable, "-c", code])
+    assert done.returncode == 0 and seconds > 0.5
+    assert peak > 64 << 20  # the child's buffer counts: the tree, not the parent alone
