@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from ffai.engine import Answer, DecodingOptions, Request, RuntimeOptions
-from ffai.host import release_free_heap
 from ffai_smolvlm.engine import prompt_text
 from ffai_smolvlm.loading import load_weights
 
@@ -56,7 +55,6 @@ class Preprocessor:
         batch = preprocess_images(request.images, self.processor, split=request.still)
         text = prompt_text(request.options, len(request.images), still=request.still)
         ids = self.prompts.build(batch.grids, text, self.processor.image_seq_len)
-        release_free_heap()
         return Prepared(ids, batch.tiles, batch.pixel_attention_mask, request.options)
 
 
@@ -75,7 +73,6 @@ class VisionEncoder:
 
         with torch.inference_mode():
             embeds = self.net.encode_images(prepared.tiles, prepared.pixel_attention_mask, self.normalise)
-        release_free_heap()
         return Encoded(prepared.input_ids, embeds, prepared.options)
 
 
@@ -104,7 +101,6 @@ class TextDecoder:
             ids = self.generate_ids(encoded, on_token)
             if rest := stream.finish():
                 on_text(rest)
-        release_free_heap()
         return Answer(self.prompts.decode(ids), tuple(ids))
 
     def generate_ids(self, encoded: Encoded, on_token: Callable[[int], None] | None = None) -> list[int]:

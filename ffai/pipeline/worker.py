@@ -26,7 +26,7 @@ from multiprocessing.reduction import ForkingPickler
 from typing import Any, Callable
 
 from ffai.errors import FfaiError
-from ffai.host import set_threads
+from ffai.host import release_free_heap, set_threads
 from ffai.pipeline.compute import ComputeThread
 from ffai.pipeline.config import PipelineConfig, ProcessConfig, StageConfig, resolve
 from ffai.pipeline.errors import ConfigError
@@ -73,9 +73,9 @@ class Channel:
 
 
 def make_scheduler(config: StageConfig, compute: ComputeThread | None = None) -> Scheduler:
-    """Run the stage's factory; wrap a plain function in a SimpleScheduler. With ``compute``, the
-    function runs on that thread, where the process's stages take turns
-    (``ffai.pipeline.compute``)."""
+    """Run the stage's factory; wrap a plain function in a SimpleScheduler, trimming the heap
+    after each call (:func:`_trimming_heap`). With ``compute``, the function runs on that thread,
+    where the process's stages take turns (``ffai.pipeline.compute``)."""
     made = resolve(config.factory)(*config.args, **config.kwargs)
     batching = config.max_batch_size > 1 or config.max_batch_wait_ms > 0 or config.batch_wait_when_idle
     if isinstance(made, Scheduler):
@@ -89,6 +89,7 @@ def make_scheduler(config: StageConfig, compute: ComputeThread | None = None) ->
     if not callable(made):
         kind = type(made).__name__
         raise ConfigError(f"stage {config.name!r}: factory returned {kind}, not a Scheduler or a function")
+    made = _trimming_heap(made)
     if compute is not None:
         made = _taking_turns(made, compute)
     if config.max_batch_size == 1:
@@ -99,6 +100,21 @@ def make_scheduler(config: StageConfig, compute: ComputeThread | None = None) ->
         max_batch_wait_ms=config.max_batch_wait_ms,
         batch_wait_when_idle=config.batch_wait_when_idle,
     )
+
+
+def _trimming_heap(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn``, handing the heap's free pages back to the OS each time it returns
+    (``ffai.host.release_free_heap``), so that the next stage's peak does not sit on top of what
+    this one freed. Here, where every runner (inline, worker process, Ray actor) builds a stage,
+    so stage functions stay pure computation."""
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            release_free_heap()
+
+    return run
 
 
 def _taking_turns(fn: Callable[[Any], Any], compute: ComputeThread) -> Callable[[Any], Any]:

@@ -22,6 +22,7 @@ from ffai.pipeline import (
     StageConfig,
     StageError,
     emit,
+    worker,
 )
 from ffai.pipeline.messages import ERROR, NEW_REQUEST, RESULT, STREAM
 
@@ -288,3 +289,32 @@ def test_an_unknown_placement_is_refused_before_anything_starts() -> None:
     config = PipelineConfig([StageConfig("a", F, args=("identity",), terminal=True)])
     with pytest.raises(PipelineError, match="placement must be one of inline, workers, got 'auto'"):
         Coordinator(config, placement="auto")
+
+
+# -- the heap ------------------------------------------------------------------------------
+
+
+def test_the_heap_is_trimmed_each_time_a_stage_function_returns(monkeypatch) -> None:
+    # Stage functions stay pure computation: the pipeline hands the heap's free pages back after
+    # each call, failed or not. Every placement builds its stages through make_scheduler.
+    events: list[str] = []
+    monkeypatch.setattr(worker, "release_free_heap", lambda: events.append("trim"))
+
+    def stage(name: str):
+        def run(payload: str) -> str:
+            events.append(name)
+            if payload == "fail":
+                raise ValueError("this request fails")
+            return payload
+
+        return run
+
+    config = PipelineConfig(
+        [StageConfig("a", stage, args=("a",), next="b"), StageConfig("b", stage, args=("b",), terminal=True)]
+    )
+    with Coordinator(config, placement="inline") as pipe:
+        assert pipe.submit(1, "x").result(5) == "x"
+        assert events == ["a", "trim", "b", "trim"]
+        with pytest.raises(StageError, match="this request fails"):
+            pipe.submit(2, "fail").result(5)
+    assert events[4:] == ["a", "trim"]
