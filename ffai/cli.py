@@ -292,7 +292,7 @@ def caption(
         typer.Option(
             "--ray",
             metavar="[ADDRESS|local]",
-            help="Caption on a Ray cluster: alone, $RAY_ADDRESS or the one `ray start --head` started here; 'local': a Ray of its own for this run; or the cluster's ADDRESS. Needs pip install 'ffai[ray]'.",
+            help="Caption on a Ray cluster: alone, $RAY_ADDRESS or the one `ray start --head` started here; 'local': a Ray of its own for this run; or the cluster's ADDRESS. Needs pip install 'ffai\\[ray]'.",
         ),
     ] = None,
     ray_actors: Annotated[

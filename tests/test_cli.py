@@ -53,6 +53,13 @@ def test_help_answers_fast():
     assert elapsed < 3.0, elapsed
 
 
+def test_install_hints_in_help_keep_their_extras():
+    # Rich reads "[ray]" as markup and drops it unless escaped.
+    proc = ffai("caption", "--help", env={"COLUMNS": "400"})
+    assert proc.returncode == 0, proc.stderr
+    assert "pip install 'ffai[ray]'" in proc.stdout
+
+
 def test_engines_table_lists_smolvlm():
     proc = ffai("engines")
     assert proc.returncode == 0, proc.stderr
