@@ -16,15 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Hashable, Iterable, Iterator, Sequence
 
-from PIL import Image
-
-from ffai import host, live, media, messages, models, registry, sheet
+from ffai import host, live, media, messages, models, registry, window_source
 from ffai.cues import Cue, Dropped
 from ffai.engine import Answer, DecodingOptions, Engine, Request, RuntimeOptions, StageSpec
 from ffai.errors import UsageError
 from ffai.pipeline import Coordinator, PipelineConfig, PipelineError, ProcessConfig, StageConfig
 from ffai.streaming import StrippedPieces
-from ffai.windows import Window, check_window, make_windows
+from ffai.window_source import InOrder, answered_cue
+from ffai.windows import Window, check_window
 
 PLACEMENTS = ("auto", "inline", "workers")
 
@@ -238,18 +237,10 @@ class Captioner:
         source (``info.live``) also gives a ``Dropped`` for each run of windows skipped to keep
         within ``options.max_lag``, in its place in the timeline (``ffai.live``)."""
         progress = progress or Progress()
-        if info.kind == "image":
-            image = self.decoder.load_image(info.path)
-            timing = still_cue_timing(image if self.options.thumbnails else None)
-            request = Request((image,), self.options.decoding)
-            on_text = _CueText(progress, lambda _: timing.index) if progress.on_text else None
-            ((_, answer),) = self.answers([(0, request)], on_text)
-            yield _emit(answered_cue(timing, answer), progress)
-            return
         if info.live:
             yield from self._live_cues(info, progress)
             return
-        yield from self._video_cues(info, progress)
+        yield from self._file_cues(info, progress)
 
     def _live_cues(self, info: media.MediaInfo, progress: Progress) -> Iterator[Cue | Dropped]:
         # Windows go to the model as it has room (ffai.live); cues are numbered in output order,
@@ -257,14 +248,14 @@ class Captioner:
         o, pipe = self.options, self._running()
         timing: dict[int, Cue] = {}  # the windows in flight
         numbers = itertools.count(1)
-        frames = self._frames(info, progress)
+        frames = window_source.frames(self.decoder, info, o, progress.on_frame)
         windows = live.LiveWindows(frames, o.window, o.fps, o.max_lag, name=media.source_label(info.path))
         on_text = _CueText(progress, lambda window: timing[window].index) if progress.on_text else None
 
         def submit(request_id: int, window: Window, sink) -> object:
-            cue_timing = window_cue_timing(window, o.thumbnails)
-            timing[request_id] = dataclasses.replace(cue_timing, index=next(numbers))
-            return pipe.submit(request_id, window_request(window, o), on_chunk=sink)
+            item = window_source.window_item(window, o)
+            timing[request_id] = dataclasses.replace(item.timing, index=next(numbers))
+            return pipe.submit(request_id, item.request, on_chunk=sink)
 
         on_chunk = on_text if o.stream_answers else None
         for item in live.live_answers(windows, submit, pipe.abort, o.max_in_flight, on_chunk):
@@ -276,65 +267,23 @@ class Captioner:
                 on_text.end(window.index)
             yield _emit(answered_cue(timing.pop(window.index), answer), progress)
 
-    def _video_cues(self, info: media.MediaInfo, progress: Progress) -> Iterator[Cue]:
-        # Windows are submitted as they are decoded, at most max_in_flight at once; they may
-        # finish out of order, so finished cues wait in a small buffer for their turn.
+    def _file_cues(self, info: media.MediaInfo, progress: Progress) -> Iterator[Cue]:
+        # A still is one window. Windows are submitted as they are decoded, at most
+        # max_in_flight at once; they may finish out of order and are released in order.
         timing: dict[int, Cue] = {}
-        finished: dict[int, Answer] = {}
-        next_index = 0
 
         def requests() -> Iterator[tuple[int, Request]]:
-            windows = make_windows(
-                self._frames(info, progress), self.options.window, self.options.fps, clip_end=info.duration
-            )
-            for window in windows:
-                timing[window.index] = window_cue_timing(window, self.options.thumbnails)
-                yield window.index, window_request(window, self.options)
+            for item in window_source.window_items(self.decoder, info, self.options, progress.on_frame):
+                timing[item.index] = item.timing
+                yield item.index, item.request
 
         on_text = _CueText(progress, lambda window: window + 1) if progress.on_text else None
+        cues = InOrder[Cue]()
         for request_id, answer in self.answers(requests(), on_text):
             if on_text:
                 on_text.end(request_id)
-            finished[request_id] = answer
-            while next_index in finished:
-                cue = answered_cue(timing.pop(next_index), finished.pop(next_index))
-                next_index += 1
+            for cue in cues.add(request_id, answered_cue(timing.pop(request_id), answer)):
                 yield _emit(cue, progress)
-
-    def _frames(self, info: media.MediaInfo, progress: Progress) -> Iterable[media.Frame]:
-        o = self.options
-        frames = self.decoder.sample_frames(
-            info.path, o.fps, start=o.start, duration=o.duration, max_frames=o.max_frames
-        )
-        for frame in frames:
-            if progress.on_frame:
-                progress.on_frame(frame.time)
-            yield frame
-
-
-def window_request(window: Window, options: CaptionOptions) -> Request:
-    """What the engine is asked about one window: its frames, their source times and its span."""
-    images = tuple(frame.image for frame in window.frames)
-    return Request.frames(images, window.frame_times, options.decoding, span=(window.start, window.end))
-
-
-def window_cue_timing(window: Window, thumbnails: bool = False) -> Cue:
-    """A window's cue before its text is known; with ``thumbnails``, pictures of its frames
-    (``ffai.sheet``), made here where the frames are, so no frame outlives its window."""
-    shots = sheet.window_thumbnails(window.frames) if thumbnails else ()
-    return dataclasses.replace(Cue.from_window(window, ""), thumbnails=shots)
-
-
-def still_cue_timing(thumbnail_of: Image.Image | None = None) -> Cue:
-    """A still's one cue, at 0, before its text is known; with its picture when
-    ``thumbnail_of`` is the still (for the contact sheet)."""
-    shots = (sheet.still_thumbnail(thumbnail_of),) if thumbnail_of is not None else ()
-    return Cue(index=1, start_ms=0, end_ms=0, frame_times_ms=(0,), text="", thumbnails=shots)
-
-
-def answered_cue(timing: Cue, answer: Answer) -> Cue:
-    """The cue with the answer's text, surrounding whitespace stripped, and its tokens."""
-    return dataclasses.replace(timing, text=answer.text.strip(), token_ids=answer.token_ids)
 
 
 class _CueText:

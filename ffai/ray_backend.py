@@ -30,11 +30,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
-from ffai.captioning import Captioner, CaptionOptions, answered_cue
+from ffai.captioning import Captioner, CaptionOptions
 from ffai.errors import FfaiError, UsageError
 from ffai.input_events import InputEvent
 from ffai.media import MediaInfo, is_live, is_url, source_label
 from ffai.ray_workers import EngineActor, Failed, WindowResult, decode_input
+from ffai.window_source import InOrder, answered_cue
 
 INSTALL_HINT = "pip install 'ffai[ray]'"
 LOCAL = "local"  # --ray local: start a Ray of our own on this machine, stop it afterwards
@@ -123,8 +124,7 @@ class _Input:
     announced: bool = False  # "start" sent
     read: int = 0  # windows read from the current attempt's generator
     total: int | None = None  # windows in the input, once a generator has ended
-    next_index: int = 0  # the next window to hand the driver
-    results: dict[int, Any] = field(default_factory=dict)  # index -> Cue or Failed
+    results: InOrder = field(default_factory=InOrder)  # each window's Cue or Failed, released in order
     finished: bool = False
 
 
@@ -490,20 +490,20 @@ class _Run:
         if isinstance(result, WindowResult):
             self.backend._decode_s += result.decode_s
             self.backend._windows += 1
-            item.results[index] = answered_cue(result.timing, result.answer)
-        else:
-            item.results[index] = result
-        yield from self._emit(item)
+            result = answered_cue(result.timing, result.answer)
+        yield from self._emit(item, item.results.add(index, result))
 
-    def _emit(self, item: _Input) -> Iterator[InputEvent]:
-        while item.next_index in item.results and not item.finished:
-            result = item.results[item.next_index]
+    def _emit(self, item: _Input, due: Sequence[Any] = ()) -> Iterator[InputEvent]:
+        """Events for the input's results now due in timeline order (cues, or a failure that
+        ends it), then its end once every window is out."""
+        for result in due:
+            if item.finished:
+                return
             if isinstance(result, Failed):
                 yield self._fail(item, result.error)
                 return
-            item.next_index += 1
             yield InputEvent(item.job, "cue", cue=result)
-        if item.total is not None and item.next_index >= item.total and not item.finished:
+        if item.total is not None and item.results.released >= item.total and not item.finished:
             item.finished = True
             yield InputEvent(item.job, "done", seconds=time.monotonic() - item.started)
 

@@ -20,13 +20,13 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from ffai import media
-from ffai.captioning import CaptionOptions, pipeline_config, still_cue_timing, window_cue_timing, window_request
+from ffai.captioning import CaptionOptions, pipeline_config
 from ffai.cues import Cue
-from ffai.engine import Answer, Request, RuntimeOptions, StageSpec
+from ffai.engine import Answer, RuntimeOptions, StageSpec
 from ffai.errors import FfaiError
 from ffai.pipeline import Coordinator, PipelineConfig
 from ffai.pipeline.config import resolve
-from ffai.windows import make_windows
+from ffai.window_source import WindowItem, window_items
 
 
 @dataclass(frozen=True)
@@ -35,16 +35,6 @@ class Failed:
     reason. It travels in place of a window, so it arrives in timeline order."""
 
     error: str
-
-
-@dataclass(frozen=True)
-class WindowItem:
-    """One window as decoded: where its cue goes and what the engine is asked."""
-
-    index: int  # 0-based position of the window in its input
-    timing: Cue  # the cue with its times, text still empty
-    request: Request
-    decode_s: float  # seconds spent decoding this window's samples
 
 
 @dataclass(frozen=True)
@@ -69,21 +59,8 @@ def decode_input(source: str, options: CaptionOptions, cwd: str) -> Iterator[Any
         yield Failed(str(e))
         return
     yield info
-    clock = time.perf_counter()
     try:
-        if info.kind == "image":
-            image = decoder.load_image(info.path)
-            timing = still_cue_timing(image if options.thumbnails else None)
-            request = Request((image,), options.decoding)
-            yield WindowItem(0, timing, request, time.perf_counter() - clock)
-            return
-        frames = decoder.sample_frames(
-            info.path, options.fps, start=options.start, duration=options.duration, max_frames=options.max_frames
-        )
-        for window in make_windows(frames, options.window, options.fps, clip_end=info.duration):
-            timing = window_cue_timing(window, options.thumbnails)
-            yield WindowItem(window.index, timing, window_request(window, options), time.perf_counter() - clock)
-            clock = time.perf_counter()
+        yield from window_items(decoder, info, options)
     except FfaiError as e:
         yield Failed(str(e))
 

@@ -157,7 +157,8 @@ def run_data(inputs: list[str], options) -> int:
     import ray
 
     from ffai.captioning import Captioner, available_cores
-    from ffai.ray_workers import EngineActor, Failed, WindowItem, decode_input
+    from ffai.ray_workers import EngineActor, Failed, decode_input
+    from ffai.window_source import WindowItem
 
     captioner = Captioner(options)
     ray.init(include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR, object_store_memory=1 << 30)
