@@ -148,10 +148,11 @@ def profile_decode(path: Path, dtype: str, threads: int, n: int) -> None:
     from torch.profiler import ProfilerActivity, profile
 
     from ffai_smolvlm.generate import decode_one_token, prefill
+    from ffai_smolvlm.precision import plan_precision
     from ffai_smolvlm.weights import load_model
 
     torch.set_num_threads(threads)
-    model = load_model(path, dtype=getattr(torch, dtype), parts=("text",))
+    model = load_model(path, plan_precision(dtype, "cpu"), parts=("text",))
     prompt = 200
     with torch.inference_mode():
         x = model.text.embed_tokens(torch.randint(0, model.cfg.text.vocab_size, (1, prompt)))

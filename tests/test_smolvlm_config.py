@@ -14,11 +14,11 @@ import torch.nn.functional as F
 from ffai.errors import ModelError
 from ffai_smolvlm.bench import checkpoints
 from ffai_smolvlm.config import ModelConfig
-from ffai_smolvlm.layers import bf16_packing_available
+from ffai_smolvlm.precision import onednn_bf16, plan_precision
 from ffai_smolvlm.weights import (
     WEIGHT_NAMES,
-    bfloat16_text_in_float32,
     checkpoint_name,
+    kept_in_float32,
     load_model,
     model_tensor,
     slots,
@@ -263,7 +263,7 @@ def test_tied_checkpoint_has_no_head_and_shares_it(tmp_path):
     assert model.text.lm_head.weight is model.text.embed_tokens.weight
 
 
-@pytest.mark.skipif(not bf16_packing_available(), reason="this CPU has no native bfloat16 matmul")
+@pytest.mark.skipif(not onednn_bf16(), reason="this CPU has no native bfloat16 matmul")
 def test_tied_bfloat16_head_is_the_embedding_table_read_as_bfloat16(tmp_path, monkeypatch):
     """--dtype bfloat16 packs a tied head from the embedding table read from the file as
     bfloat16, in blocks of rows (3 here, so the blocks split the table); the lookups read the
@@ -272,7 +272,7 @@ def test_tied_bfloat16_head_is_the_embedding_table_read_as_bfloat16(tmp_path, mo
 
     save_reference(variant_tied_biased(), tmp_path)
     monkeypatch.setattr(weights, "CAST_BLOCK_BYTES", 3 * 4 * 96)  # 3 rows of the 96-wide table
-    model = load_model(tmp_path, dtype=torch.bfloat16)
+    model = load_model(tmp_path, plan_precision("bfloat16"))
     table = load_model(tmp_path).text.embed_tokens.weight
     every_row = torch.arange(table.shape[0])
     assert torch.equal(model.text.embed_tokens(every_row), table)
@@ -393,13 +393,14 @@ def test_sharded_checkpoint_loads_the_same(tiny_copy):
 
 
 def test_loads_on_meta_then_fills_everything(tiny_checkpoint):
-    model = load_model(tiny_checkpoint, dtype=torch.bfloat16)
+    plan = plan_precision("bfloat16")
+    model = load_model(tiny_checkpoint, plan)
     tensors = dict(model.named_parameters()) | dict(model.named_buffers())
     assert all(t.device.type == "cpu" for t in tensors.values())
     # --dtype bfloat16 keeps the text tower's embedding table and RMSNorm weights in float32 (the
     # residual stream stays float32, only the matmuls run in bfloat16); everything else is bfloat16.
     kept = {name for name, t in tensors.items() if t.dtype == torch.float32}
-    assert kept == bfloat16_text_in_float32(model)
+    assert kept == kept_in_float32(model, plan)
     assert "text.norm.weight" in kept
     # the embedding table too: loaded, or (where the head has its own packed copy) read from the file
     assert "text.embed_tokens.weight" in kept or model.text.embed_tokens.dtype == torch.float32

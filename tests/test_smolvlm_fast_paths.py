@@ -13,7 +13,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ffai_smolvlm.layers import FusedLinear, PackedBf16Linear, linear
+from ffai_smolvlm.layers import FusedLinear, linear
+from ffai_smolvlm.opt_in_linears import PackedBf16Linear
+from ffai_smolvlm.precision import plan_precision
 from ffai_smolvlm.text import apply_rope, rope_cos_sin
 from ffai_smolvlm.weights import load_model, model_tensor
 
@@ -53,7 +55,7 @@ def test_loading_reads_each_fused_group_into_one_buffer_not_through_the_file_map
 
 
 def test_a_fusion_group_in_a_bfloat16_load_is_cast_on_read(model, tiny_checkpoint):
-    low = load_model(tiny_checkpoint, dtype=torch.bfloat16)
+    low = load_model(tiny_checkpoint, plan_precision("bfloat16"))
     qkv = low.text.layers[0].self_attn.qkv  # packed for oneDNN where the CPU has native bfloat16
     a = qkv.dense_weight() if isinstance(qkv, PackedBf16Linear) else qkv.weight
     b = model.text.layers[0].self_attn.qkv.weight

@@ -18,6 +18,7 @@ from PIL import Image
 from ffai.engine import DecodingOptions
 from ffai.errors import EngineError, UsageError
 from ffai_smolvlm.generate import generate
+from ffai_smolvlm.precision import plan_precision
 from ffai_smolvlm.preprocess import ProcessorConfig, normalise, preprocess_images
 from ffai_smolvlm.weights import load_model
 
@@ -432,7 +433,7 @@ def test_on_token_streams_each_token_and_context_is_checked(tiny):
 def test_bfloat16_loads_and_generates(tiny, tiny_checkpoint):
     """No equality is promised in bfloat16; report how many greedy tokens agree with float32."""
     model, _, processor, stops = tiny
-    bf16 = load_model(tiny_checkpoint, dtype=torch.bfloat16)
+    bf16 = load_model(tiny_checkpoint, plan_precision("bfloat16"))
     agree = total = 0
     for seed in range(4):
         inputs = processor_inputs(processor, [random_image(300 + seed, (200, 150))], split=True)

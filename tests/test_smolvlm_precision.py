@@ -1,6 +1,7 @@
 """The opt-in precisions (issue #12): ``--dtype int8`` and ``--dtype bfloat16`` through the whole
-path, the int8 model's memory (no float32 copy of a quantised weight), their agreement with
-float32 on the tiny checkpoint, and the CPU capability reading behind the slow-dtype warning."""
+path, the precision plan each makes on each kind of CPU, the int8 model's memory (no float32 copy
+of a quantised weight), their agreement with float32 on the tiny checkpoint, and the slow-dtype
+warning at the CLI."""
 
 from __future__ import annotations
 
@@ -21,26 +22,98 @@ from ffai.cli import run
 from ffai.engine import DecodingOptions, Request, RuntimeOptions
 from ffai.errors import UsageError
 from ffai.inline import InlineEngine
+from ffai_smolvlm import precision
 from ffai_smolvlm.engine import ENGINE
 from ffai_smolvlm.generate import prefill
-from ffai_smolvlm.layers import (
+from ffai_smolvlm.layers import FileEmbedding
+from ffai_smolvlm.opt_in_linears import (
     QUANTIZE_ROWS_BLOCK,
-    FileEmbedding,
     PackedBf16Linear,
     QuantizedLinear,
     RowScaledLinear,
-    bf16_packing_available,
     quantize_rows,
 )
+from ffai_smolvlm.precision import (
+    ATTENTION_BLOCK,
+    BF16_ONEDNN,
+    INT8,
+    INT8_BY_ROW,
+    PLAIN,
+    Attention,
+    onednn_bf16,
+    plan_precision,
+)
 from ffai_smolvlm.vision import blocked_attention
-from ffai_smolvlm.weights import ATTENTION_BLOCK, load_model, vision_attention
+from ffai_smolvlm.weights import load_model
+
+# Names of linear layers of each group, as a plan is asked about them.
+LINEARS = (
+    "text.lm_head",
+    "text.layers.3.mlp.down_proj",
+    "text.layers.0.mlp.gate_up",
+    "connector.modality_projection.proj",
+    "vision.layers.0.self_attn.qkv",
+    "vision.layers.11.mlp.fc2",
+)
 
 
-def test_opt_in_attention_by_the_cpus_bf16_instructions(monkeypatch):
-    expected = {SAPPHIRE_RAPIDS: (torch.bfloat16, None), EPYC_ZEN4: (torch.bfloat16, ATTENTION_BLOCK)}
+def test_the_float32_plan_is_the_exact_path():
+    plan = plan_precision("float32", "cpu", host.parse_cpuinfo(SAPPHIRE_RAPIDS))
+    assert (plan.dtype, plan.device, plan.weights, plan.float32_parts) == ("float32", "cpu", torch.float32, ())
+    assert {plan.linear(name) for name in LINEARS} == {PLAIN}
+    assert plan.attention == Attention(None, None) and plan.int8 is None
+    assert not plan.embeddings_in_file and not plan.staged
+
+
+def test_the_int8_plan_by_cpu():
+    """Every linear int8, the down projections and the connector by row; 8-bit activations only
+    where the int8 dot product sums into 32 bits; the table left in its file."""
+    reduce_range = {EPYC_ZEN4: False, SAPPHIRE_RAPIDS: False, AVX2_ONLY: True, GRAVITON3: True, SSE_ONLY: True}
+    for text, reduced in reduce_range.items():
+        plan = plan_precision("int8", "auto", host.parse_cpuinfo(text))
+        assert plan.device == "cpu" and plan.weights == torch.float32 and plan.float32_parts == ()
+        kinds = {name: plan.linear(name) for name in LINEARS}
+        assert kinds == {name: INT8_BY_ROW if "down_proj" in name or "connector" in name else INT8 for name in LINEARS}
+        assert plan.int8.reduce_range is reduced, text
+        assert plan.int8.rows_dtype == (torch.bfloat16 if onednn_bf16() else torch.float32)
+        assert plan.embeddings_in_file and plan.staged
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_the_bfloat16_plan_with_and_without_onednns_bfloat16(monkeypatch, native):
+    monkeypatch.setattr(precision, "onednn_bf16", lambda device="cpu": native)
+    plan = plan_precision("bfloat16", "cpu", host.parse_cpuinfo(EPYC_ZEN4))
+    assert plan.weights == torch.bfloat16 and plan.float32_parts == ("text",) and plan.int8 is None
+    assert {plan.linear(name) for name in LINEARS} == {BF16_ONEDNN if native else PLAIN}
+    # the head has its own bfloat16 copy only when packed: else it reads the (float32) table whole
+    assert plan.embeddings_in_file is native and plan.staged
+
+
+def test_the_opt_in_dtypes_attend_as_the_cpu_runs_fastest():
+    """bfloat16 SDPA with AMX-BF16, bfloat16 by blocks with AVX512_BF16 alone, float32 SDPA on
+    other CPUs, whatever the weights' dtype; float32 in its own dtype, the exact path."""
+    expected = {SAPPHIRE_RAPIDS: Attention(torch.bfloat16), EPYC_ZEN4: Attention(torch.bfloat16, ATTENTION_BLOCK)}
     for text in (SAPPHIRE_RAPIDS, EPYC_ZEN4, AVX2_ONLY, GRAVITON3, SSE_ONLY, "processor\t: 0\n"):
-        monkeypatch.setattr(host, "cpu_info", lambda text=text: host.parse_cpuinfo(text))
-        assert vision_attention(torch.int8) == expected.get(text, (torch.float32, None))
+        cpu = host.parse_cpuinfo(text)
+        for dtype in ("int8", "bfloat16"):
+            assert plan_precision(dtype, "cpu", cpu).attention == expected.get(text, Attention(torch.float32))
+        assert plan_precision("float32", "cpu", cpu).attention == Attention()
+
+
+def test_off_the_cpu_a_plan_is_torchs_own(monkeypatch):
+    """A GPU attends in the activations' own dtype and multiplies with torch's own kernels,
+    whatever the host CPU has; int8 runs on the CPU only."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    plan = plan_precision("bfloat16", "auto", host.parse_cpuinfo(SAPPHIRE_RAPIDS))
+    assert plan.device == "cuda" and plan.attention == Attention() and plan.linears == ()
+    assert not plan.embeddings_in_file and plan.float32_parts == ("text",)
+    assert plan_precision("int8", "auto").device == "cpu"
+    with pytest.raises(UsageError, match="--dtype int8 runs on the CPU only"):
+        plan_precision("int8", "cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert plan_precision("float32", "auto").device == "cpu"
+    with pytest.raises(UsageError, match="no CUDA device is available"):
+        plan_precision("float32", "cuda")
 
 
 @pytest.mark.parametrize("masked", [False, True])
@@ -81,7 +154,7 @@ def test_int8_refuses_cuda(tiny_checkpoint):
 
 @pytest.fixture(scope="module")
 def int8_model(tiny_checkpoint):
-    return load_model(tiny_checkpoint, dtype=torch.int8)
+    return load_model(tiny_checkpoint, plan_precision("int8"))
 
 
 def test_int8_model_holds_no_float32_copy_of_a_quantised_weight(tiny_checkpoint, int8_model):
@@ -129,9 +202,9 @@ def test_opt_in_dtypes_read_token_embeddings_from_the_file(tiny_checkpoint, dtyp
     shape; an id out of range is an IndexError, as nn.Embedding's; float32 keeps its table."""
     exact = load_model(tiny_checkpoint)
     assert isinstance(exact.text.embed_tokens, torch.nn.Embedding)
-    model = load_model(tiny_checkpoint, dtype=getattr(torch, dtype))
+    model = load_model(tiny_checkpoint, plan_precision(dtype))
     table = model.text.embed_tokens
-    if dtype == "bfloat16" and not bf16_packing_available():
+    if dtype == "bfloat16" and not onednn_bf16():
         assert isinstance(table, torch.nn.Embedding)  # the head reads the whole table: it stays loaded
         return
     assert isinstance(table, FileEmbedding) and table.dtype == torch.float32
@@ -229,17 +302,14 @@ HOSTS = {"amx": SAPPHIRE_RAPIDS, "zen4": EPYC_ZEN4, "avx2": AVX2_ONLY}
 
 
 @pytest.mark.parametrize("dtype", ["float32", "int8", "bfloat16"])
-def test_the_vision_tower_attends_as_the_cpu_runs_fastest(monkeypatch, tiny_checkpoint, dtype):
+def test_the_vision_tower_attends_as_the_cpu_runs_fastest(tiny_checkpoint, dtype):
     """float32 attends in its own dtype (the exact path); the opt-in dtypes, whatever their
     weights' dtype, in bfloat16 SDPA with AMX-BF16, by bfloat16 blocks with AVX512_BF16 alone,
     and in float32 SDPA on other CPUs."""
     expected = {"amx": (torch.bfloat16, None), "zen4": (torch.bfloat16, ATTENTION_BLOCK), "avx2": (torch.float32, None)}
     for kind, info in HOSTS.items():
-        monkeypatch.setattr(host, "cpu_info", lambda info=info: host.parse_cpuinfo(info))
-        model = load_model(tiny_checkpoint, dtype=getattr(torch, dtype), parts=("vision",))
+        model = load_model(tiny_checkpoint, plan_precision(dtype, "cpu", host.parse_cpuinfo(info)), parts=("vision",))
         assert _vision_attention(model) == ({(None, None)} if dtype == "float32" else {expected[kind]}), kind
-        # a GPU attends in the activations' own dtype, whatever the host CPU has
-        assert vision_attention(getattr(torch, dtype), "cuda") == (None, None)
 
 
 @pytest.mark.parametrize("cpu", ["this", *HOSTS])
@@ -265,8 +335,8 @@ def test_agreement_with_float32_on_the_tiny_checkpoint(monkeypatch, tiny_checkpo
 
 
 def test_bfloat16_holds_matmul_weights_in_bfloat16_and_the_text_stream_in_float32(tiny_checkpoint):
-    model = load_model(tiny_checkpoint, dtype=torch.bfloat16)
-    packed = bf16_packing_available()
+    model = load_model(tiny_checkpoint, plan_precision("bfloat16"))
+    packed = onednn_bf16()
     linears = {n for n, m in model.named_modules() if isinstance(m, (torch.nn.Linear, PackedBf16Linear))}
     assert {type(model.get_submodule(n)) is PackedBf16Linear for n in linears} == {packed}
     assert {"text.lm_head", "text.layers.0.mlp.gate_up", "vision.layers.0.mlp.fc1"} <= linears
@@ -326,7 +396,7 @@ def test_slow_dtype_warning_reaches_the_cli(monkeypatch, capsys, tiny_checkpoint
     assert said == []  # the warning is about the CPU
 
 
-@pytest.mark.skipif(not bf16_packing_available(), reason="this CPU has no native bfloat16 matmul")
+@pytest.mark.skipif(not onednn_bf16(), reason="this CPU has no native bfloat16 matmul")
 def test_packed_bfloat16_linear_is_torchs_bfloat16_product():
     """Several rows: F.linear's values in bfloat16 exactly (the same oneDNN kernel); one row (a
     decode step): bfloat16 products with float32 sums, within bfloat16's rounding of the output."""

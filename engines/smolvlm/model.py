@@ -19,6 +19,7 @@ from ffai.errors import EngineError
 
 from .config import ModelConfig
 from .connector import Connector
+from .precision import EXACT_ATTENTION, Attention
 from .text import TextModel
 from .vision import VisionTransformer, patch_mask
 
@@ -27,14 +28,16 @@ PARTS = ("vision", "text")
 
 
 class Idefics3(nn.Module):
-    def __init__(self, cfg: ModelConfig, parts: tuple[str, ...] = PARTS) -> None:
+    def __init__(
+        self, cfg: ModelConfig, parts: tuple[str, ...] = PARTS, attention: Attention = EXACT_ATTENTION
+    ) -> None:
         super().__init__()
         unknown = set(parts) - set(PARTS)
         if unknown or not parts:
             raise ValueError(f"parts must be a non-empty subset of {PARTS}, got {parts!r}")
         self.cfg = cfg
         self.parts = tuple(p for p in PARTS if p in parts)
-        self.vision = VisionTransformer(cfg.vision) if "vision" in parts else None
+        self.vision = VisionTransformer(cfg.vision, attention) if "vision" in parts else None
         self.connector = Connector(cfg) if "vision" in parts else None
         self.text = TextModel(cfg.text, cfg.tie_word_embeddings) if "text" in parts else None
 

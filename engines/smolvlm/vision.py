@@ -16,6 +16,7 @@ from torch import nn
 
 from .config import VisionConfig
 from .layers import FusedLinear, embedding_table
+from .precision import EXACT_ATTENTION, Attention
 
 
 def patch_mask(pixel_attention_mask: torch.Tensor, patch_size: int) -> torch.Tensor:
@@ -68,19 +69,17 @@ class VisionEmbeddings(nn.Module):
 
 class VisionAttention(nn.Module):
     """Follows transformers' ``Idefics3VisionAttention`` (SigLIP): bidirectional, biased
-    projections, q/k/v as one matmul."""
+    projections, q/k/v as one matmul; attending as ``attention`` says (the precision plan's)."""
 
-    def __init__(self, cfg: VisionConfig) -> None:
+    def __init__(self, cfg: VisionConfig, attention: Attention = EXACT_ATTENTION) -> None:
         super().__init__()
         d = cfg.hidden_size
         self.n_heads, self.head_dim = cfg.num_attention_heads, cfg.head_dim
         self.qkv = FusedLinear(d, (d, d, d), bias=True)
         self.out_proj = nn.Linear(d, d)
-        # None: attention in the activations' own dtype (float32's exact path). Loading in an
-        # opt-in dtype sets the one this CPU attends fastest in, and how (weights.vision_attention):
-        # torch's SDPA, or by blocks of ``attention_block`` query rows (blocked_attention).
-        self.attention_dtype: torch.dtype | None = None
-        self.attention_block: int | None = None
+        # dtype None: the activations' own (float32's exact path); block None: torch's SDPA, else
+        # blocks of that many query rows (blocked_attention).
+        self.attention_dtype, self.attention_block = attention
 
     def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
         n, t, _ = x.shape
@@ -106,7 +105,7 @@ def blocked_attention(
     (N, H, T, hd) q, k, v and an optional (N, 1, 1, T) bool key mask -> (N, T, H * hd).
 
     For bfloat16 on a CPU with AVX512_BF16 but no AMX, where torch's flash attention does not
-    pack its bfloat16 blocks for oneDNN and runs no faster than float32 (``cpu.CpuInfo``). Plain
+    pack its bfloat16 blocks for oneDNN and runs no faster than float32 (``precision._attention``). Plain
     bfloat16 matmuls do run on oneDNN's native kernels: one real-shape tile's 12 heads, 2
     threads, AMD EPYC Zen 4, q·kᵀ 5.2 ms in bfloat16 against 22 ms in float32. The whole score
     matrix (12 x 1024 x 1024) would be written and read back from memory by every step after
@@ -143,10 +142,10 @@ class VisionMLP(nn.Module):
 class EncoderLayer(nn.Module):
     """Follows transformers' ``Idefics3EncoderLayer``: pre-LayerNorm attention and MLP, each residual."""
 
-    def __init__(self, cfg: VisionConfig) -> None:
+    def __init__(self, cfg: VisionConfig, attention: Attention = EXACT_ATTENTION) -> None:
         super().__init__()
         self.layer_norm1 = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
-        self.self_attn = VisionAttention(cfg)
+        self.self_attn = VisionAttention(cfg, attention)
         self.layer_norm2 = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.mlp = VisionMLP(cfg)
 
@@ -156,13 +155,14 @@ class EncoderLayer(nn.Module):
 
 
 class VisionTransformer(nn.Module):
-    """(N, C, H, W) tiles + (N, H/p, W/p) patch mask -> (N, H/p * W/p, D) patch features."""
+    """(N, C, H, W) tiles + (N, H/p, W/p) patch mask -> (N, H/p * W/p, D) patch features; every
+    layer attends as ``attention`` says."""
 
-    def __init__(self, cfg: VisionConfig) -> None:
+    def __init__(self, cfg: VisionConfig, attention: Attention = EXACT_ATTENTION) -> None:
         super().__init__()
         self.cfg = cfg
         self.embeddings = VisionEmbeddings(cfg)
-        self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(EncoderLayer(cfg, attention) for _ in range(cfg.num_hidden_layers))
         self.post_layernorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
 
     def forward(

@@ -1,8 +1,9 @@
 """Load an Idefics3 checkpoint from safetensors into :class:`Idefics3` (after gpt-fast's loader).
 
 Safetensors only (never pickle), memory-mapped through ``safe_open``; the module is built on
-the meta device and each parameter is assigned the checkpoint tensor (cast to the requested
-dtype / device), so no random init runs and no second copy is made for float32 on CPU. A fused
+the meta device and each parameter is assigned the checkpoint tensor (cast to the dtype and
+device a :class:`~ffai_smolvlm.precision.PrecisionPlan` says), so no random init runs and no
+second copy is made for float32 on CPU. The plan decides; this module reads and applies it. A fused
 parameter (``layers.FusedLinear``: q/k/v, gate/up) is one buffer that its checkpoint tensors
 are read into, each at its rows: fusing is part of reading, with no copy after it.
 
@@ -29,15 +30,10 @@ from torch import nn
 from ffai.errors import ModelError
 
 from .config import ModelConfig
-from .layers import (
-    FileEmbedding,
-    FusedLinear,
-    PackedBf16Linear,
-    QuantizedLinear,
-    RowScaledLinear,
-    bf16_packing_available,
-)
+from .layers import FileEmbedding, FusedLinear
 from .model import PARTS, Idefics3
+from .opt_in_linears import PackedBf16Linear, QuantizedLinear, RowScaledLinear
+from .precision import BF16_ONEDNN, INT8, INT8_BY_ROW, PLAIN, PrecisionPlan, plan_precision
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -179,41 +175,40 @@ class _Reader:
     first used, and only those used: an embedding row). Reading a part through the map instead
     would leave its pages resident in this process beside the fused buffer: the q/k/v and
     gate/up weights, most of the model, twice over. For the same reason a tensor cast to
-    another dtype (``--dtype bfloat16``) is read, not mapped. So is a tensor under
+    another dtype (``plan.weights`` bfloat16) is read, not mapped. So is a tensor under
     ``MAP_MIN_BYTES``: the kernel fills a mapped file in large folios (up to 2 MB each on this
     machine's 6.18), and touching one norm's 2 KB brought its whole folio into the process; the
     int8 model's hundred-odd small float32 tensors held 125 MiB of the file resident that way.
 
-    ``quantize`` names the linear layers to hold in int8 (``--dtype int8``). Once a layer has
-    all its checkpoint tensors (the parts of a fused weight, its bias) it is packed into a
-    :class:`QuantizedLinear` (``self.quantized``) and its float32 tensors are dropped, so at most
-    a few layers' float32 weights are in memory at once. Those tensors are read, not mapped, for
-    the same reason as above: a mapped page stays resident after the int8 copy is made.
+    ``linears`` are the linear layers the plan holds as another layer (int8, bfloat16 for
+    oneDNN: ``PrecisionPlan.linear``). Once such a layer has all its checkpoint tensors (the
+    parts of a fused weight, its bias) it is built (``self.built``) and its float tensors are
+    dropped, so at most a few layers' float weights are in memory at once. Those tensors are
+    read, not mapped, for the same reason as above: a mapped page stays resident after the copy
+    is made.
     """
 
     def __init__(
         self,
         expected: dict[str, Slot],
         wanted: dict[str, torch.Tensor],
-        dtype,
-        device,
+        plan: PrecisionPlan,
         tied: bool,
-        quantize: dict[str, nn.Linear] | None = None,
-        reduce_range: bool = True,
+        linears: dict[str, nn.Linear],
         float32: frozenset[str] = frozenset(),
     ) -> None:
-        self.expected, self.wanted, self.dtype, self.device, self.tied = expected, wanted, dtype, device, tied
+        self.expected, self.wanted, self.plan, self.tied = expected, wanted, plan, tied
+        self.dtype, self.device = plan.weights, plan.device
         self.float32 = float32  # parameters kept in float32 whatever ``dtype`` is
         self.state: dict[str, torch.Tensor] = {}
         self.seen: set[str] = set()
-        self.linears = quantize or {}
-        self.reduce_range = reduce_range
+        self.linears = linears
         self.pending: dict[str, set[str]] = {name: set() for name in self.linears}  # layer -> slots it waits for
         for target, slot in expected.items():
             layer = slot.param.rpartition(".")[0]
             if layer in self.pending and slot.param in wanted:
                 self.pending[layer].add(target)
-        self.quantized: dict[str, QuantizedLinear | RowScaledLinear] = {}
+        self.built: dict[str, nn.Module] = {}
         self.embeddings_at: tuple[Path, str] | None = None  # (file, tensor name) of the embedding table
 
     def read(self, path: Path) -> None:
@@ -260,9 +255,9 @@ class _Reader:
                 self.state[slot.param] = f.get_tensor(name)  # a view of the map: pages read when used
             else:  # cast, moved or quantised: read, not mapped, so no page stays behind
                 self.state[slot.param] = header.read_into(name, self._empty(slot.shape, slot.param), f)
-        self._quantize_when_complete(slot.param.rpartition(".")[0], target)
+        self._build_when_complete(slot.param.rpartition(".")[0], target)
 
-    def _quantize_when_complete(self, layer: str, target: str) -> None:
+    def _build_when_complete(self, layer: str, target: str) -> None:
         waiting = self.pending.get(layer)
         if waiting is None:
             return
@@ -272,11 +267,7 @@ class _Reader:
             weight = self.state.pop(f"{layer}.weight")
             bias = self.state.pop(f"{layer}.bias", None)
             parts = getattr(self.linears[layer], "parts", ())
-            if INT8_ROW_SCALED.match(layer):
-                rows_dtype = torch.bfloat16 if bf16_packing_available() else torch.float32
-                self.quantized[layer] = RowScaledLinear(weight, bias, rows_dtype=rows_dtype, parts=parts)
-            else:
-                self.quantized[layer] = QuantizedLinear(weight, bias, reduce_range=self.reduce_range, parts=parts)
+            self.built[layer] = opt_in_linear(self.plan, layer, weight, bias, parts)
 
     def _empty(self, shape, param: str) -> torch.Tensor:
         dtype = torch.float32 if param in self.float32 else self.dtype
@@ -338,73 +329,31 @@ class _RawHeader:
             raise ValueError(f"tensor {name}: file ends inside its data")
 
 
-# The int8 layers held as RowScaledLinear (no activation scale shared between a call's rows; several
-# rows multiplied in bfloat16 where the CPU has it). The text MLP's down projection, whose input
-# silu(gate) * up spreads over a far wider range from token to token than any other layer's:
-# measured on the real-shape checkpoint (frame and window cases, cosine of the prefill logits
-# with float32), all fbgemm int8 0.9951 / 0.9942, below the 0.995 the issue asks; down_proj's
-# prefill rows in float32 0.9981 / 0.9977 (per-token int8 scales 0.9966 / 0.9965). And the
-# connector, whose 12288 inputs (16 patches side by side) lose the most to one activation range:
-# the still case (13 tiles, 874 prompt tokens) 0.99482 with it in fbgemm int8, 0.99576 with it
-# by row in bfloat16 (which costs 13 ms of the still's 10 s); the same for the text tower's other
-# linears gained 0.0005-0.0007 each, for 15-20 µs more per decode step each (int8 by row).
-INT8_ROW_SCALED = re.compile(r"text\.layers\.\d+\.mlp\.down_proj$|connector\.modality_projection\.proj$")
+def opt_in_linear(plan: PrecisionPlan, name: str, weight: torch.Tensor, bias, parts: tuple[int, ...]) -> nn.Module:
+    """The layer ``plan`` makes of the linear ``name`` from its float weight and bias."""
+    kind = plan.linear(name)
+    if kind == INT8:
+        return QuantizedLinear(weight, bias, reduce_range=plan.int8.reduce_range, parts=parts)
+    if kind == INT8_BY_ROW:
+        return RowScaledLinear(weight, bias, rows_dtype=plan.int8.rows_dtype, parts=parts)
+    if kind == BF16_ONEDNN:
+        return PackedBf16Linear(weight, bias, parts)
+    raise ValueError(f"{name}: no layer to build for a linear held as {kind!r}")
 
 
-def bfloat16_text_in_float32(model: Idefics3) -> frozenset[str]:
-    """The text tower's parameters that ``--dtype bfloat16`` keeps in float32: all but its linear
-    layers' (the embedding table, the RMSNorm weights). The embeddings then give float32, so the
-    residual stream, the norms and attention run in float32 and only the matmuls in bfloat16
-    (``layers.Linear`` casts its input to the weight's dtype and back). A bfloat16 residual
-    stream rounds 30 layers' sums to 8 bits of mantissa: on the real-shape checkpoint the prefill
-    logits' cosine with float32 was 0.99939 (frame) and 0.99930 (window), short of the issue's
-    0.9995. The embedding table is mapped, not read, so keeping it float32 costs only the rows
-    a prompt looks up."""
-    if model.text is None:
-        return frozenset()
-    linear = {f"text.{n}.weight" for n, m in model.text.named_modules() if isinstance(m, nn.Linear)}
-    return frozenset(f"text.{n}" for n, _ in model.text.named_parameters()) - linear
-
-
-# Query rows per block where the vision tower attends by blocks (vision.blocked_attention):
-# 128 and 256 measured alike on a real-shape tile, 64 slower (more, smaller matmuls).
-ATTENTION_BLOCK = 128
-
-
-def vision_attention(dtype: torch.dtype, device="cpu") -> tuple[torch.dtype | None, int | None]:
-    """How the vision tower attends for a load in ``dtype`` on ``device`` (``VisionAttention``):
-    the dtype (None: the activations' own) and the query rows per block (None: torch's SDPA).
-    float32 and every load off the CPU: SDPA in the activations' dtype, the exact path. On the
-    CPU, for the opt-in dtypes, as the CPU's flags say: bfloat16 SDPA with AMX,
-    bfloat16 by blocks with AVX512_BF16 alone, float32 SDPA elsewhere."""
-    if dtype == torch.float32 or torch.device(device).type != "cpu":
-        return None, None
-    from ffai import host
-
-    # torch's CPU flash attention packs its bfloat16 blocks for oneDNN's brgemm only where oneDNN
-    # finds AMX; with AVX512_BF16 alone plain bfloat16 matmuls by blocks run faster than it.
-    flags = host.cpu_info().flags
-    if "amx_bf16" in flags:
-        return torch.bfloat16, None
-    if "avx512_bf16" in flags:
-        return torch.bfloat16, ATTENTION_BLOCK
-    return torch.float32, None
-
-
-def _pack_bf16_linears(model: Idefics3, tied_head: tuple[Path, str] | None) -> None:
-    """Every linear layer as a :class:`PackedBf16Linear`, one at a time (each bfloat16 weight is
-    dropped as its packed copy is made). A head tied to the float32 embedding table gets a
-    bfloat16 copy of it read from the file, not through the map: the table stays mapped for the
-    rows a prompt looks up, where before every decode step's head read all of it (113 MB of
-    mapped pages resident) in float32."""
-    for name in [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]:  # names: no module held
-        layer = model.get_submodule(name)
-        if tied_head is not None and name == "text.lm_head":
-            weight = _read_tensor(tied_head, torch.empty(layer.weight.shape, dtype=torch.bfloat16))
-        else:
-            weight = layer.weight
-        model.set_submodule(name, PackedBf16Linear(weight, layer.bias, getattr(layer, "parts", ())))
-        del weight, layer
+def kept_in_float32(model: Idefics3, plan: PrecisionPlan) -> frozenset[str]:
+    """The parameters ``plan`` keeps in float32 whatever ``plan.weights`` is: those of its
+    ``float32_parts`` other than linear weights (``--dtype bfloat16``: the text tower's
+    embedding table and RMSNorm weights). The embedding table is mapped, not read, so keeping it
+    float32 costs only the rows a prompt looks up."""
+    kept = set()
+    for part in plan.float32_parts:
+        tower = getattr(model, part)
+        if tower is None:
+            continue
+        linear = {f"{part}.{n}.weight" for n, m in tower.named_modules() if isinstance(m, nn.Linear)}
+        kept |= {f"{part}.{n}" for n, _ in tower.named_parameters()} - linear
+    return frozenset(kept)
 
 
 def _read_tensor(at: tuple[Path, str], into: torch.Tensor) -> torch.Tensor:
@@ -417,13 +366,13 @@ def _read_tensor(at: tuple[Path, str], into: torch.Tensor) -> torch.Tensor:
 
 
 def _embeddings_left_in_file(model: Idefics3, at: tuple[Path, str] | None) -> None:
-    """The text tower's embedding table as a :class:`FileEmbedding` where nothing else reads it
-    whole: in the opt-in dtypes the LM head holds its own int8 or bfloat16 copy (unless it is
-    still tied to the table: bfloat16 without oneDNN's), so only a prompt's rows are ever read.
+    """The text tower's embedding table as a :class:`FileEmbedding`, where the plan says nothing
+    else reads it whole (the LM head holds its own int8 or bfloat16 copy), so only a prompt's
+    rows are ever read.
     Left mapped, the table's pages came into this process's memory as it touched them, and the
     kernel fills a mapped file in large folios (up to 2 MB) on this machine's kernel: 130 MiB of
     the int8 process's resident memory was the 113 MB table (``/proc/PID/smaps``)."""
-    if model.text is None or at is None or getattr(model.text.lm_head, "weight", None) is not None:
+    if model.text is None or at is None:
         return
     path, name = at
     with open(path, "rb") as raw:
@@ -436,44 +385,35 @@ def _embeddings_left_in_file(model: Idefics3, at: tuple[Path, str] | None) -> No
     model.text.embed_tokens = FileEmbedding(path, offset, tuple(table.shape), file_dtype, table.dtype)
 
 
-def int8_reduce_range() -> bool:
-    """Whether int8 activations must keep to 7 bits on this CPU (``QuantizedLinear``): yes unless
-    it has a VNNI or AMX int8 dot product, whose sums cannot saturate."""
-    from ffai import host
-
-    return not host.cpu_info().flags & {"avx512_vnni", "avx_vnni", "amx_int8"}
-
-
-def load_model(
-    model_dir: Path | str, *, dtype: torch.dtype = torch.float32, device="cpu", parts: tuple[str, ...] = PARTS
-) -> Idefics3:
-    """Build :class:`Idefics3` from a checkpoint folder (config.json + safetensors).
+def load_model(model_dir: Path | str, plan: PrecisionPlan | None = None, *, parts: tuple[str, ...] = PARTS) -> Idefics3:
+    """Build :class:`Idefics3` from a checkpoint folder (config.json + safetensors), as ``plan``
+    says (default: float32 on the CPU, the exact path).
 
     ``parts`` picks what to hold in memory ("vision", "text"); the whole checkpoint is checked
-    either way, so a folder loads for one part exactly when it loads for all. ``dtype=torch.int8``
-    holds every linear layer (both towers, the connector, the LM head) as a
-    :class:`QuantizedLinear` (those ``INT8_ROW_SCALED`` names as a :class:`RowScaledLinear`) and
-    everything else (embeddings, norms, the patch convolution) in float32; it runs on the CPU only.
+    either way, so a folder loads for one part exactly when it loads for all. Each linear layer
+    becomes what ``plan.linear`` names (built as its tensors are read); a tied LM head held as
+    another layer gets its own copy, read from the file.
     """
+    plan = plan_precision("float32") if plan is None else plan
     model_dir = Path(model_dir)
     cfg = ModelConfig.from_dir(model_dir)
-    quantize = dtype == torch.int8
-    if quantize and torch.device(device).type != "cpu":
-        raise ModelError(f"int8 weights run on the CPU only, not on {device}")
     with torch.device("meta"):
         full = Idefics3(cfg)
-        model = Idefics3(cfg, parts)
+        model = Idefics3(cfg, parts, plan.attention)
     tie = cfg.tie_word_embeddings and "text" in model.parts
-    linears = {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear)} if quantize else {}
+    head_kind = plan.linear("text.lm_head")
+    linears = {
+        name: m
+        for name, m in model.named_modules()
+        if isinstance(m, nn.Linear) and plan.linear(name) != PLAIN and not (tie and name == "text.lm_head")
+    }
     reader = _Reader(
         slots(full),
         dict(model.named_parameters()),
-        torch.float32 if quantize else dtype,
-        device,
+        plan,
         cfg.tie_word_embeddings,
-        quantize={n: m for n, m in linears.items() if not (tie and n == "text.lm_head")},
-        reduce_range=int8_reduce_range() if quantize else True,
-        float32=bfloat16_text_in_float32(model) if dtype == torch.bfloat16 else frozenset(),
+        linears,
+        float32=kept_in_float32(model, plan),
     )
     for path in weight_files(model_dir):
         reader.read(path)
@@ -482,26 +422,19 @@ def load_model(
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
         raise ModelError(f"{model_dir}: checkpoint is missing tensor(s) {shown}")
     state = reader.state
-    if quantize:
-        if tie:  # the head is the embedding matrix, read from the file rather than through the map
-            head = _read_tensor(reader.embeddings_at, torch.empty(state["text.embed_tokens.weight"].shape))
-            reader.quantized["text.lm_head"] = QuantizedLinear(head, None, reduce_range=reader.reduce_range)
-            del head
-        for name, layer in reader.quantized.items():
-            model.set_submodule(name, layer)
+    if tie and head_kind != PLAIN:  # the head's own copy of the table, read from the file, not through the map
+        head = _read_tensor(reader.embeddings_at, torch.empty(model.text.lm_head.weight.shape, dtype=plan.weights))
+        reader.built["text.lm_head"] = opt_in_linear(plan, "text.lm_head", head, None, ())
+        del head
         tie = False
+    for name, layer in reader.built.items():
+        model.set_submodule(name, layer)
     if tie:
         state["text.lm_head.weight"] = state["text.embed_tokens.weight"]
     model.load_state_dict(state, strict=True, assign=True)
     state.clear()
     if tie:
         model.text.lm_head.weight = model.text.embed_tokens.weight  # assign=True made two Parameters
-    if dtype == torch.bfloat16 and bf16_packing_available(device):
-        _pack_bf16_linears(model, reader.embeddings_at if tie else None)
-    if dtype != torch.float32 and torch.device(device).type == "cpu":
+    if plan.embeddings_in_file:
         _embeddings_left_in_file(model, reader.embeddings_at)
-    if model.vision is not None:
-        attention_dtype, block = vision_attention(dtype, device)
-        for layer in model.vision.layers:
-            layer.self_attn.attention_dtype, layer.self_attn.attention_block = attention_dtype, block
     return model.eval().requires_grad_(False)

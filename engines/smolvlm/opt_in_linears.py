@@ -1,0 +1,162 @@
+"""The linear layers of the opt-in dtypes: int8 (:class:`QuantizedLinear` on fbgemm,
+:class:`RowScaledLinear` by row) and bfloat16 reordered for oneDNN (:class:`PackedBf16Linear`).
+
+Which linear becomes which, and with what settings, is the precision plan's choice
+(``precision.plan_precision``); the loader builds these from the checkpoint's float weights as
+they are read, so no float copy stays resident.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class QuantizedLinear(nn.Module):
+    """A linear layer with int8 weights and dynamically quantised activations (``--dtype int8``).
+
+    The weight is quantised per output channel (symmetric, one float32 scale per row) and
+    prepacked once for torch's quantised engine (fbgemm's kernels under ``x86``: AVX2, AVX-512,
+    VNNI); each call quantises its input to 8 bits by the input's own range, multiplies in int8
+    with int32 sums and returns float32 (bias added in float32). The packed weight is the only
+    copy: no float32 weight stays resident. ``parts`` is kept from a ``layers.FusedLinear``.
+    fbgemm was the fastest of torch's int8 routes measured, for a tile's rows and a decode row
+    alike (docs/benchmarks.md).
+
+    ``reduce_range`` quantises activations to 7 bits, for CPUs whose int8 dot product
+    saturates in 16 bits (AVX2's vpmaddubsw); AVX-512 VNNI sums u8 x s8 straight into 32 bits,
+    so there all 8 bits are used (``precision.INT8_FULL_RANGE_FLAGS``).
+    """
+
+    def __init__(
+        self, weight: torch.Tensor, bias: torch.Tensor | None, *, reduce_range: bool, parts: tuple[int, ...] = ()
+    ):
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.parts = parts
+        self.reduce_range = reduce_range
+        self.packed = pack_int8(weight, bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.quantized.linear_dynamic(x, self.packed, self.reduce_range)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8"
+
+
+class RowScaledLinear(nn.Module):
+    """An int8 linear layer (``--dtype int8``) for inputs whose rows differ in range by orders of
+    magnitude: the same int8 weight as :class:`QuantizedLinear` (symmetric, one scale per
+    output row), held plain, (out, in) int8, and no activation scale shared between rows.
+
+    fbgemm's dynamic kernel gives all rows of a call one activation scale, which loses the small
+    rows of a prefill to its largest. So here one row (a decode step) is quantised to int8 by its
+    own range and multiplied by ``torch._int_mm`` (int32 sums); several rows (a prefill) are
+    multiplied in ``rows_dtype`` by the int8 weight cast exactly to it (int8 values are exact in
+    bfloat16), then scaled by row in float32: bfloat16 where the CPU multiplies it natively, where
+    its 8-bit mantissa is relative to each value, so no row and no channel is lost to another;
+    float32 elsewhere. ``precision.INT8_BY_ROW_LAYERS`` says which layers need it. Holding the
+    weight plain spares unpacking fbgemm's at every prefill call.
+    """
+
+    def __init__(
+        self, weight: torch.Tensor, bias: torch.Tensor | None, *, rows_dtype: torch.dtype, parts: tuple[int, ...] = ()
+    ) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.parts = parts
+        self.rows_dtype = rows_dtype
+        w = weight.detach().to(torch.float32)
+        scale = row_scales(w)
+        # Plain attributes, not buffers: int8 runs on the CPU only, and nothing here is trained.
+        self.int8_weight = quantize_rows(w, scale)  # (out, in) int8
+        self.scale = scale  # (out,) float32
+        self.bias = None if bias is None else bias.detach().to(torch.float32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)
+        if rows.shape[0] == 1:  # the step as a Python float: fewer ops (int8 is CPU-only, no sync)
+            step = max(float(rows.abs().max()), 1e-30) / 127.0
+            y = torch._int_mm(torch.mul(rows, 1.0 / step).round_().to(torch.int8), self.int8_weight.t())
+            y = torch.mul(y, self.scale * step)  # int32 sums -> float32
+        else:
+            y = F.linear(rows.to(self.rows_dtype), self.int8_weight.to(self.rows_dtype))
+            y = torch.mul(y, self.scale) if y.dtype == torch.float32 else y.float().mul_(self.scale)
+        if self.bias is not None:
+            y = y.add_(self.bias)
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 by row ({self.rows_dtype})"
+
+
+def pack_int8(weight: torch.Tensor, bias: torch.Tensor | None):
+    """float (out, in) weight -> torch's prepacked int8 weight, per-row symmetric scales."""
+    import warnings
+
+    w = weight.detach().to(torch.float32)
+    scale = row_scales(w).to(torch.float64)  # (out,)
+    zero = torch.zeros(w.shape[0], dtype=torch.long)
+    with warnings.catch_warnings():
+        # torch 2.13 marks quantised tensors deprecated; its dynamic int8 linear still takes them.
+        warnings.simplefilter("ignore", UserWarning)
+        qweight = torch._make_per_channel_quantized_tensor(quantize_rows(w, scale), scale, zero, 0)
+    b = None if bias is None else bias.detach().to(torch.float32)
+    return torch.ops.quantized.linear_prepack(qweight, b)
+
+
+def row_scales(w: torch.Tensor) -> torch.Tensor:
+    """float32 (out, in) weight -> (out,) float32 symmetric int8 scales, one per row."""
+    low, high = torch.aminmax(w, dim=1)  # not w.abs(): no temporary the size of the weight
+    return (torch.maximum(-low, high) / 127.0).clamp(min=1e-12)
+
+
+QUANTIZE_ROWS_BLOCK = 2048  # rows quantised at a time: a float32 temporary of at most 2048 x in
+
+
+def quantize_rows(w: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """float32 (out, in) weight -> int8 values, row r as ``torch.quantize_per_channel`` makes them
+    with zero points 0: round-half-even of ``w * (1.0f / float(scale[r]))``, clamped to int8.
+    The same bits (tests/test_smolvlm_precision.py), faster than torch's per-channel kernel,
+    which was the bulk of an int8 load. Done in blocks of rows, so the float32 temporary stays
+    small beside the LM head's."""
+    inverse = 1.0 / scale.to(torch.float32)  # (out,) float32, as fbgemm's 1.0f / scale
+    out = torch.empty(w.shape, dtype=torch.int8)
+    for start in range(0, w.shape[0], QUANTIZE_ROWS_BLOCK):
+        rows = slice(start, start + QUANTIZE_ROWS_BLOCK)
+        out[rows] = (w[rows] * inverse[rows, None]).round_().clamp_(-128, 127)
+    return out
+
+
+class PackedBf16Linear(nn.Module):
+    """A linear layer of ``--dtype bfloat16`` on a CPU with native bfloat16: the weight in
+    bfloat16, reordered once into oneDNN's blocked layout, and every call a oneDNN bfloat16
+    matmul with float32 sums (torch's own ``mkldnn._linear_pointwise``, what inductor runs for a
+    frozen bfloat16 linear). The input is cast to bfloat16 and the output back to the input's
+    dtype, as ``layers.Linear`` does.
+
+    Several rows give the same values as ``F.linear`` in bfloat16 (the same oneDNN kernel, minus
+    reordering the weight at every call; tests/test_smolvlm_precision.py). The gain is the one-row
+    product of a decode step, which torch sends to a slow bfloat16 matrix-vector path.
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, parts: tuple[int, ...] = ()) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.parts = parts
+        w = weight.detach().to(torch.bfloat16).contiguous()
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(w, 1)
+        self.bias = None if bias is None else bias.detach().to(torch.bfloat16).contiguous()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features).to(torch.bfloat16)
+        y = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "none", [], "")
+        return y.view(*x.shape[:-1], self.out_features).to(x.dtype)
+
+    def dense_weight(self) -> torch.Tensor:
+        """The weight as a plain (out, in) bfloat16 tensor (a copy, for checks)."""
+        return self.packed.to_dense()
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bfloat16 packed"

@@ -1,0 +1,163 @@
+"""What ``--dtype`` means for SmolVLM on this machine, decided in one place: :func:`plan_precision`.
+
+A :class:`PrecisionPlan` says which layer each linear becomes, which parameters stay float32,
+how the vision tower attends, whether the token embedding table stays in its file, and the
+torch device. The loader (``weights.load_model``) reads tensors and applies a plan, and the
+towers take what it says; nothing else branches on the dtype. ``ffai.host`` only reports the
+CPU's flags: turning them into choices is this engine's business. The measurements behind each
+rule: docs/precision-and-speed.md and docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+from ffai import host
+from ffai.engine import DTYPES
+from ffai.errors import UsageError
+
+# How a linear layer is held (PrecisionPlan.linear); the classes are in opt_in_linears.
+PLAIN = "plain"  # layers.Linear / nn.Linear, in the plan's ``weights`` dtype
+INT8 = "int8"  # QuantizedLinear: fbgemm's int8 weight, a call's activations quantised by one range
+INT8_BY_ROW = "int8 by row"  # RowScaledLinear: a plain int8 weight, no activation range shared by rows
+BF16_ONEDNN = "bfloat16 oneDNN"  # PackedBf16Linear: the weight reordered once for oneDNN's kernel
+
+# int8's linears taken by row: the text MLP's down projection, whose input (silu(gate) * up)
+# spans far wider ranges from token to token than any other layer's, and the connector, whose
+# 12288 inputs lose the most to one shared range. One activation range for all of a prefill's
+# rows put the prefill logits under the agreement gate.
+INT8_BY_ROW_LAYERS = r"text\.layers\.\d+\.mlp\.down_proj$|connector\.modality_projection\.proj$"
+
+# int8 dot products that sum u8 x s8 straight into 32 bits: activations may use all 8 bits.
+# Elsewhere (AVX2's vpmaddubsw saturates in 16 bits) they keep to 7.
+INT8_FULL_RANGE_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
+
+# Query rows per block where the vision tower attends by blocks (vision.blocked_attention).
+ATTENTION_BLOCK = 128
+
+
+class Attention(NamedTuple):
+    """How the vision tower attends: in ``dtype`` (None: the activations' own), by torch's SDPA
+    (``block`` None) or by blocks of ``block`` query rows (``vision.blocked_attention``)."""
+
+    dtype: torch.dtype | None = None
+    block: int | None = None
+
+
+EXACT_ATTENTION = Attention()  # SDPA in the activations' own dtype: float32's exact path
+
+
+class Int8(NamedTuple):
+    """How int8 linears run here."""
+
+    reduce_range: bool  # activations quantised to 7 bits (QuantizedLinear)
+    rows_dtype: torch.dtype  # RowScaledLinear multiplies several rows in this dtype
+
+
+@dataclass(frozen=True)
+class PrecisionPlan:
+    """One load's precision, made by :func:`plan_precision`."""
+
+    dtype: str  # as asked, in ffai.engine.DTYPES' words
+    device: str  # the torch device the weights load to and the model runs on
+    weights: torch.dtype  # what tensors are read as; int8's linears are read as float32, then made int8
+    float32_parts: tuple[str, ...]  # parts ("text") whose parameters other than linear weights stay float32
+    linears: tuple[tuple[str, str], ...]  # (module-name pattern, kind), the first match wins; none: PLAIN
+    int8: Int8 | None  # how int8 layers run (None: the plan has none)
+    attention: Attention  # the vision tower's
+    embeddings_in_file: bool  # the token embedding table is read from its file a lookup at a time
+    staged: bool  # weights are read through staging buffers (cast, quantised), not mapped
+
+    def linear(self, name: str) -> str:
+        """The kind of layer the linear called ``name`` (``text.lm_head``, ...) becomes."""
+        return _kind(self.linears, name)
+
+
+def plan_precision(dtype: str, device: str = "cpu", cpu: host.CpuInfo | None = None) -> PrecisionPlan:
+    """The plan for a load in ``dtype`` (float32, bfloat16, int8) on ``device`` (auto, cpu, cuda)
+    on a machine with ``cpu`` (default: this one's, ``ffai.host.cpu_info``). Whether oneDNN
+    multiplies bfloat16 natively is asked of torch (:func:`onednn_bf16`).
+
+    - float32: everything as the checkpoint has it; the exact path.
+    - bfloat16: every linear weight in bfloat16, the text tower's other parameters (embedding
+      table, RMSNorm weights) in float32, so its residual stream, norms and attention stay
+      float32: a bfloat16 stream rounded 30 layers' sums to 8 bits of mantissa, under the gate.
+      Where oneDNN has native bfloat16, each linear is reordered once for its kernel.
+    - int8: every linear in int8 (CPU only), ``INT8_BY_ROW_LAYERS`` by row; the rest float32.
+
+    In both opt-in dtypes on the CPU the vision tower attends as the CPU runs it fastest, and
+    the embedding table stays in its file where the LM head has its own copy."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    cpu = host.cpu_info() if cpu is None else cpu
+    device = _torch_device(device, dtype)
+    on_cpu = torch.device(device).type == "cpu"
+    native_bf16 = onednn_bf16(device)
+    int8 = None
+    if dtype == "int8":
+        linears = ((INT8_BY_ROW_LAYERS, INT8_BY_ROW), (r".", INT8))
+        int8 = Int8(
+            reduce_range=not cpu.flags & INT8_FULL_RANGE_FLAGS,
+            rows_dtype=torch.bfloat16 if native_bf16 else torch.float32,
+        )
+    elif dtype == "bfloat16" and native_bf16:
+        linears = ((r".", BF16_ONEDNN),)
+    else:
+        linears = ()
+    return PrecisionPlan(
+        dtype=dtype,
+        device=device,
+        weights=torch.bfloat16 if dtype == "bfloat16" else torch.float32,
+        float32_parts=("text",) if dtype == "bfloat16" else (),
+        linears=linears,
+        int8=int8,
+        attention=_attention(dtype, on_cpu, cpu),
+        # Left in the file only where nothing reads the table whole: the head has its own copy.
+        embeddings_in_file=on_cpu and _kind(linears, "text.lm_head") != PLAIN,
+        staged=dtype != "float32",
+    )
+
+
+def _kind(linears: tuple[tuple[str, str], ...], name: str) -> str:
+    return next((kind for pattern, kind in linears if re.match(pattern, name)), PLAIN)
+
+
+def _torch_device(name: str, dtype: str) -> str:
+    if dtype == "int8":  # torch's dynamic int8 linear has CPU kernels only
+        if name.startswith("cuda"):
+            raise UsageError("--dtype int8 runs on the CPU only; use --device cpu or another --dtype")
+        return "cpu"
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise UsageError("--device cuda: no CUDA device is available")
+    return name
+
+
+def _attention(dtype: str, on_cpu: bool, cpu: host.CpuInfo) -> Attention:
+    """float32 and every device but the CPU: SDPA in the activations' own dtype (the exact path).
+    The opt-in dtypes on the CPU: bfloat16 SDPA with AMX-BF16; bfloat16 by blocks with
+    AVX512_BF16 alone, since torch's CPU flash attention packs its bfloat16 blocks for oneDNN's
+    brgemm only where oneDNN finds AMX; float32 SDPA without native bfloat16."""
+    if dtype == "float32" or not on_cpu:
+        return EXACT_ATTENTION
+    if "amx_bf16" in cpu.flags:
+        return Attention(torch.bfloat16)
+    if "avx512_bf16" in cpu.flags:
+        return Attention(torch.bfloat16, ATTENTION_BLOCK)
+    return Attention(torch.float32)
+
+
+def onednn_bf16(device: str = "cpu") -> bool:
+    """Whether oneDNN multiplies bfloat16 natively on ``device`` (a CPU with AVX512_BF16 or AMX;
+    torch asks oneDNN), so that ``PackedBf16Linear`` runs there."""
+    if torch.device(device).type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
