@@ -27,7 +27,7 @@ import sys
 import time
 from collections import deque
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterator, Sequence
 
 from ffai.captioning import Captioner, CaptionOptions
@@ -280,8 +280,8 @@ class RayBackend:
 
     def _new_actor(self) -> Any:
         ray, plan, c = self._ray, self.plan, self.captioner
-        runtime = c.options.runtime
-        runtime = type(runtime)(dtype=runtime.dtype, device=runtime.device, threads=runtime.threads or plan.threads)
+        # The run's runtime as given, every field kept, with the actor's thread count filled in.
+        runtime = replace(c.options.runtime, threads=c.options.runtime.threads or plan.threads)
         actor_class = ray.remote(EngineActor).options(
             num_cpus=plan.cpus,
             num_gpus=plan.gpus,
