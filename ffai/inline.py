@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ffai.engine import Answer, Engine, Request, RuntimeOptions
+from ffai.host import release_free_heap
 from ffai.pipeline.config import resolve
 
 
@@ -46,7 +47,7 @@ class InlineEngine:
             raise KeyError(f"engine {self.engine.info.name!r} has no stage {last!r} (stages: {', '.join(self.stages)})")
         payload: Any = request
         for name, stage in self.stages.items():
-            payload = stage(payload)
+            payload = _run(stage, payload)
             if name == last:
                 break
         return payload
@@ -56,5 +57,14 @@ class InlineEngine:
         *first, last = self.stages.values()
         payload: Any = request
         for stage in first:
-            payload = stage(payload)
-        return last(payload) if on_text is None else last(payload, on_text=on_text)
+            payload = _run(stage, payload)
+        return _run(last, payload) if on_text is None else _run(last, payload, on_text=on_text)
+
+
+def _run(stage: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """One stage's call, then the heap's free pages handed back, as the pipeline does after each
+    stage (``ffai.pipeline.worker``), so the next stage's peak does not sit on this one's garbage."""
+    try:
+        return stage(*args, **kwargs)
+    finally:
+        release_free_heap()
