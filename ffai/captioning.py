@@ -88,7 +88,7 @@ def available_cores() -> int:
 # At or below this many cores every stage shares one process and the stages take turns, each
 # with all the cores: vision is most of the work, so two 1-thread processes side by side leave
 # the text process idle much of the time, while one process holds one torch runtime and one set
-# of weights instead of two (README, "How it works" and the measured bench).
+# of weights instead of two (docs/how-it-works.md, docs/benchmarks.md).
 SHARED_PROCESS_MAX_CORES = 2
 SHARED_PROCESS = "engine"
 

@@ -218,7 +218,7 @@ def caption(
     inputs: Annotated[
         List[str],
         typer.Option(
-            "-i", "--input", help="Image or video, folder, quoted glob or @list.txt (repeatable; see README)."
+            "-i", "--input", help="Image or video, folder, quoted glob or @list.txt (repeatable; see docs/caption.md)."
         ),
     ],
     output: Annotated[

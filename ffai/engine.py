@@ -32,7 +32,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only; torch and PIL load lazily
 
 STATUSES = ("experimental", "stable")
 # A checkpoint's tensors are stored in one of these; ffai runs in these or, opt-in, in int8
-# (int8 weights made at load time, activations quantised per step: README, *Precision and speed*).
+# (int8 weights made at load time, activations quantised per step: docs/precision-and-speed.md).
 TENSOR_DTYPES = ("float32", "bfloat16")
 DTYPES = (*TENSOR_DTYPES, "int8")
 DEVICES = ("auto", "cpu", "cuda")

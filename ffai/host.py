@@ -6,7 +6,7 @@ share one copy: the CPU's model and flags (read once from /proc/cpuinfo), the th
 pipeline process runs with, one malloc arena per process, the heap's free pages handed back
 after each stage, glibc's heap settings around a load that reads its weights through buffers,
 and the peak RSS the bench and the memory benchmark sample. Why each setting is what it is,
-with the figures behind it: the README's *Precision and speed* and *How it works*.
+with the figures behind it: docs/precision-and-speed.md, docs/how-it-works.md and docs/benchmarks.md.
 
 This module reports and sets; it decides nothing about precision: an engine turns the CPU's
 flags into its own choices (``ffai_smolvlm.precision``). No torch import at module import:

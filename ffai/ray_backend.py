@@ -1,6 +1,6 @@
 """``ffai caption --ray``: caption many inputs on a Ray cluster; the driver still writes.
 
-Ray Core, not Ray Data (README, *On a Ray cluster*, has the measurement): each input is
+Ray Core, not Ray Data (docs/corpus-and-ray.md says why, docs/benchmarks.md measures it): each input is
 decoded by a streaming-generator task (``ffai.ray_workers.decode_input``: probe, then one
 object per window, held back once ``DECODE_AHEAD`` wait unread), and each window is captioned
 by one of a pool of ``EngineActor`` s, each hosting the engine's whole pipeline with its
@@ -77,9 +77,9 @@ def plan_resources(node_cpus: Sequence[float], gpus: float, device: str, asked: 
 
     Decode tasks ask for no CPU, so whatever the actors hold, decoding can always be scheduled
     (actors holding every CPU otherwise starve it and the run hangs). On CPUs one actor per CPU,
-    each with one torch thread: on this 2-core machine two such actors captioned the benchmark
-    corpus in 32-46 s, one actor of two threads in 50 s (README, *On a Ray cluster*); each actor
-    holds a model, so fewer, wider actors are the flag for memory. With GPUs (and ``--device``
+    each with one torch thread, which captioned the benchmark corpus faster than fewer, wider
+    actors (docs/benchmarks.md, *Ray*); each actor holds a model, so fewer, wider actors are the
+    flag for memory. With GPUs (and ``--device``
     not cpu) one actor per GPU, the node's CPUs shared out between them."""
     if not node_cpus:
         raise FfaiError("the Ray cluster has no alive node")

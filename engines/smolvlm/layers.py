@@ -24,15 +24,15 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     """``F.linear``, with a one-row input (a decode step) spread over torch's threads.
 
     torch runs a one-row float32 ``F.linear`` on one thread, which leaves a decode step's
-    matrix-vector products at about half the memory bandwidth two cores have (README,
-    *Measured*). Here the weight's output rows are cut into one block per thread and ``bmm``
+    matrix-vector products at about half the memory bandwidth two cores have
+    (docs/benchmarks.md). Here the weight's output rows are cut into one block per thread and ``bmm``
     computes the blocks in parallel: every output is the same dot product by the same kernel, so
     the result is bit for bit ``F.linear``'s (tests/test_smolvlm_fast_paths.py). Small blocks
     (fewer than 64 rows or columns) take other kernels, whose sums may round differently: those
     stay on F.linear.
 
-    A one-row bfloat16 ``F.linear`` is worse still (torch's bf16 matrix-vector path; measured up to
-    10x float32's on an AVX512_BF16 CPU), so bfloat16 takes the same blocks: its rounding is
+    A one-row bfloat16 ``F.linear`` is worse still (torch's bf16 matrix-vector path, several times
+    float32's on an AVX512_BF16 CPU), so bfloat16 takes the same blocks: its rounding is
     bfloat16's either way (``--dtype bfloat16`` is opt-in and never called identical).
     """
     p = torch.get_num_threads()
@@ -80,7 +80,7 @@ class FusedLinear(Linear):
 def embedding_table(rows: int, dim: int) -> nn.Embedding:
     """An nn.Embedding left uninitialised (the checkpoint fills it). Its default init, normal_,
     on the meta device imports torch's symbolic-shape machinery, which stays resident in every
-    process that builds a model (README, *Measured*)."""
+    process that builds a model (docs/benchmarks.md)."""
     return nn.Embedding(rows, dim, _weight=torch.empty(rows, dim))
 
 

@@ -160,9 +160,8 @@ def _frames_of_each(
     """``_frames`` of every image, in order, the images resized side by side on as many threads
     as torch has here (Pillow's resize lets go of the GIL). The reference's resizes are LANCZOS,
     and the first goes through a 2048-pixel long edge, which made them most of a window's
-    preprocessing: 8 frames of 640x360 took 480 ms on one thread (AMD EPYC Zen 4), about as long
-    as a whole int8 tile. Each image's resizes are the same calls on the same pixels, whichever
-    thread makes them, so the frames are the same bytes."""
+    preprocessing on one thread (docs/benchmarks.md). Each image's resizes are the same calls on
+    the same pixels, whichever thread makes them, so the frames are the same bytes."""
     import torch
 
     workers = min(len(images), torch.get_num_threads())

@@ -105,13 +105,12 @@ def blocked_attention(
     (N, H, T, hd) q, k, v and an optional (N, 1, 1, T) bool key mask -> (N, T, H * hd).
 
     For bfloat16 on a CPU with AVX512_BF16 but no AMX, where torch's flash attention does not
-    pack its bfloat16 blocks for oneDNN and runs no faster than float32 (``precision._attention``). Plain
-    bfloat16 matmuls do run on oneDNN's native kernels: one real-shape tile's 12 heads, 2
-    threads, AMD EPYC Zen 4, q·kᵀ 5.2 ms in bfloat16 against 22 ms in float32. The whole score
-    matrix (12 x 1024 x 1024) would be written and read back from memory by every step after
-    it; a block of 128 query rows keeps its scores (3 MB in bfloat16) in cache, which made a
-    layer's attention 15 ms against float32 SDPA's 20 ms. The softmax reads bfloat16 scores and
-    sums in float32; q is scaled before its product, as SDPA scales. Padded keys get -inf."""
+    pack its bfloat16 blocks for oneDNN and runs no faster than float32 (``precision._attention``).
+    Plain bfloat16 matmuls do run on oneDNN's native kernels. The whole score matrix
+    (12 x 1024 x 1024) would be written and read back from memory by every step after it; a
+    block of 128 query rows keeps its scores (3 MB in bfloat16) in cache (docs/benchmarks.md has
+    the figures). The softmax reads bfloat16 scores and sums in float32; q is scaled before its
+    product, as SDPA scales. Padded keys get -inf."""
     n, h, t, hd = q.shape
     q = (q * scale).contiguous()
     keys = k.transpose(2, 3).contiguous()  # (N, H, hd, T)
@@ -189,8 +188,7 @@ class VisionTransformer(nn.Module):
                 x = layer(x, key_mask)
             x = self.post_layernorm(x)
             # One block for every tile's features, not one per tile between the next tile's
-            # activations: those pinned the heap, which grew by a tile's working set per tile
-            # (a 13-tile still's peak RSS +150 MB in the opt-in dtypes, README, Precision and speed).
+            # activations: those pinned the heap, which grew by a tile's working set per tile.
             out = x.new_empty((n, *x.shape[1:])) if out is None else out
             out[i] = x[0]
         return out

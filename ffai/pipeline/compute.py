@@ -4,10 +4,8 @@ torch's CPU build runs an op's parallel work on OpenMP, and GNU OpenMP (libgomp)
 thread that starts parallel work a pool of worker threads of its own, kept until that thread
 ends. Once a process's pools hold more threads than it has CPUs, libgomp no longer lets idle
 pool threads spin between parallel regions but puts them to sleep, so every op pays to wake
-them again. Measured on 2 cores (one int8 576 -> 3072 linear, a decode row, 4 000 calls):
-39 µs a call when one thread ever ran parallel work, 95 µs from a stage thread once the thread
-that loaded the weights held a pool too; the int8 decode step, some 900 ops, took 28 ms instead
-of 20. Hence:
+them again: on 2 cores a small decode-row op took more than twice as long once a second thread
+held a pool (docs/benchmarks.md, *One compute thread per process*). Hence:
 
 - a process whose stages take turns (``ProcessConfig.serial``) runs every stage function and
   every stage factory (loading weights is parallel work too) on one :class:`ComputeThread`, so
