@@ -19,6 +19,7 @@ import pytest
 from ffai import media
 from ffai.bench import fuzz
 from ffai.errors import MediaError
+from ffai.media import sandbox
 
 CASES = 580  # seeds 0..579, 20 a sample: the fixed in-process subset (about 20 s on 2 cores)
 CLI_SEEDS = range(0, 29 * 2)  # two a sample, in one multi-input run of the whole path
@@ -126,11 +127,11 @@ def test_child_warnings_reach_this_process_as_log_records(samples, caplog):
 
 
 def test_a_fork_server_that_died_is_started_again(samples):
-    server = media._server()
+    server = sandbox._server()
     server.process.kill()
     server.process.wait()
     assert media.Decoder().probe(samples["png_rgb"]).kind == "image"
-    assert media._server() is not server
+    assert sandbox._server() is not server
 
 
 @pytest.fixture
@@ -139,11 +140,11 @@ def faulty_server(monkeypatch):
 
     def start(fault: str) -> None:
         monkeypatch.setenv(media.FAULT_ENV, fault)
-        monkeypatch.setattr(media, "_fork_server", None)
+        monkeypatch.setattr(sandbox, "_fork_server", None)
 
     yield start
-    if media._fork_server is not None:
-        media._fork_server.close()
+    if sandbox._fork_server is not None:
+        sandbox._fork_server.close()
 
 
 def test_a_decoder_crash_fails_that_file_alone(samples, tmp_path, faulty_server):

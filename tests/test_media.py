@@ -31,6 +31,7 @@ from ffai.bench.sample_media import (
     vfr_times_ms,
 )
 from ffai.errors import MediaError, UsageError
+from ffai.media import video
 from media_fixtures import decoded_times, expected_sample_times
 
 CFR_FPS = 25
@@ -53,14 +54,14 @@ def times_of(frames) -> list[float]:
 def count_decoded(monkeypatch) -> list[int]:
     """Counts every frame the sampler pulls from the decoder (one cell, incremented)."""
     counter = [0]
-    decode = media._decode
+    decode = video.decode
 
     def counting(*args, **kwargs):
         for item in decode(*args, **kwargs):
             counter[0] += 1
             yield item
 
-    monkeypatch.setattr(media, "_decode", counting)
+    monkeypatch.setattr(video, "decode", counting)
     return counter
 
 

@@ -1,0 +1,319 @@
+"""The decoder child: a file read in a process of its own, forked from a small fork server, so
+that a crash inside FFmpeg or Pillow fails that file alone and each file's time and memory are
+bounded. ``ffai.media.Decoder`` is its front door."""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import multiprocessing.connection
+import multiprocessing.reduction
+import os
+import pickle
+import resource
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import traceback
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from PIL import Image
+
+from ffai.errors import FfaiError, MediaError
+from ffai.media.sampling import _frames_at, _sample, probe
+from ffai.media.sources import source_label
+from ffai.media.stills import load_image
+from ffai.media.streams import ANALYZE_S, live
+
+if TYPE_CHECKING:
+    from ffai.media.decoder import Decoder
+
+log = logging.getLogger("ffai.media")
+
+
+# Bounds on a decoder child (Decoder): each answer (a probe, an image, the next sample, the
+# end) must come within STEP_TIMEOUT_S, and a whole file within FILE_TIMEOUT_S plus
+# REALTIME_FACTOR times the media time sampled so far, so that no file can hang a run, however
+# it is damaged, while a long clip keeps the time its length needs.
+STEP_TIMEOUT_S = 60.0
+FILE_TIMEOUT_S = 120.0
+REALTIME_FACTOR = 5.0
+# A child may map at most this much memory (RLIMIT_AS): FFmpeg and Pillow allocate what a
+# header claims (sample tables, frame buffers), and a hostile claim must end in an allocation
+# failure, a one-line error, rather than in a machine out of memory. The largest legal frame
+# (MAX_SIDE squared: 805 MB as RGB) and a few of its reference frames fit within it.
+MEMORY_LIMIT_BYTES = 8 << 30
+# A live source that delivers no video for this long (--stall-timeout) has stalled; the default
+# covers a sender's start-up and a network's hiccups, and is far below STEP_TIMEOUT_S.
+STALL_TIMEOUT_S = 10.0
+# Test-only: "crash:NAME" or "hang:NAME" makes the child decoding the file named NAME die of
+# SIGSEGV, or stop answering, as a decoder crash or hang would (probing it is left alone).
+FAULT_ENV = "FFAI_TEST_DECODER_FAULT"
+
+
+class _ChildTraceback(Exception):
+    """The formatted traceback of an exception raised in a decoder child (shown with -v)."""
+
+
+class _ForkServer:
+    """One clean, single-threaded process that has imported this module and forks a decoder
+    child per file: a fork costs milliseconds where a fresh interpreter costs most of a second,
+    and forking the caller instead would copy its threads and its model (counted again in
+    every child's resident memory). multiprocessing's fork server re-runs the caller's main
+    script in every child, hence this one. Children are this server's, so it reaps them and
+    reports how each ended."""
+
+    def __init__(self) -> None:
+        ours, theirs = socket.socketpair()
+        code = f"from ffai.media.sandbox import serve_forks; serve_forks({theirs.fileno()})"
+        # The folder this ffai was imported from goes first on the server's import path, so it
+        # finds the same ffai however this process was started (a checkout without install too);
+        # no stdout, which may be the track (-o -), for it or its children.
+        root = str(Path(__file__).resolve().parents[2])
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", code],
+            pass_fds=[theirs.fileno()],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            env=env,
+        )
+        theirs.close()
+        self.socket = ours
+        self.control = multiprocessing.connection.Connection(os.dup(ours.fileno()))
+        self.lock = threading.Lock()
+        self.owner = os.getpid()
+
+    def fork(self, request: tuple, fds: tuple[int, ...] = ()) -> tuple[int, multiprocessing.connection.Connection]:
+        """A new child running `request` (op, file, args) and holding copies of `fds` (our
+        standard input, for a source read from it): its pid and our end of its pipe."""
+        ours, theirs = socket.socketpair()
+        with self.lock, theirs:
+            self.control.send(("fork", (request, len(fds))))
+            multiprocessing.reduction.sendfds(self.socket, [theirs.fileno(), *fds])
+            pid = self.control.recv()
+        return pid, multiprocessing.connection.Connection(ours.detach())
+
+    def reap(self, pid: int) -> int:
+        """Wait for child `pid` to end; its wait status."""
+        with self.lock:
+            self.control.send(("reap", pid))
+            return self.control.recv()
+
+    def close(self) -> None:
+        self.control.close()
+        self.socket.close()
+        self.process.wait()
+
+
+_fork_server: _ForkServer | None = None
+# Live sources probed and not yet sampled: their decoder children, by source name.
+_live_children: dict[str, Child] = {}
+_live_lock = threading.Lock()
+_fork_server_lock = threading.Lock()
+
+
+def _server() -> _ForkServer:
+    global _fork_server
+    with _fork_server_lock:
+        if _fork_server is None or _fork_server.owner != os.getpid() or _fork_server.process.poll() is not None:
+            _fork_server = _ForkServer()
+            atexit.register(_fork_server.close)
+        return _fork_server
+
+
+def serve_forks(fd: int) -> None:
+    """The fork server's loop (run as ``python -c``): fork a child per request, reap on request,
+    and end when the parent hangs up."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    Image.init()  # Pillow imports its format plugins on first open: once here, not in every child
+    sock = socket.socket(fileno=fd)
+    control = multiprocessing.connection.Connection(os.dup(fd))
+    while True:
+        try:
+            kind, payload = control.recv()
+        except (EOFError, OSError):
+            return
+        if kind == "reap":
+            control.send(os.waitpid(payload, 0)[1])
+            continue
+        request, extra = payload
+        child_fd, *passed = multiprocessing.reduction.recvfds(sock, 1 + extra)
+        pid = os.fork()
+        if pid == 0:
+            sock.close()
+            control.close()
+            try:
+                _child_main(multiprocessing.connection.Connection(child_fd), *request, tuple(passed))
+            finally:
+                os._exit(0)
+        for fd_ in (child_fd, *passed):
+            os.close(fd_)
+        control.send(pid)
+
+
+class _LogToParent(logging.Handler):
+    def __init__(self, conn) -> None:
+        super().__init__(logging.WARNING)
+        self.conn = conn
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.conn.send(("log", record.levelno, record.getMessage()))
+
+
+def _child_main(conn, op: str, file: Path | str, args: tuple, fds: tuple[int, ...] = ()) -> None:
+    """A decoder child's life: run `op` and send its answers, one for each "next" asked,
+    until it is exhausted, fails, or the parent hangs up. Each answer carries the seconds the
+    child spent on it, so time the parent spent elsewhere does not count against the file."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    # libtiff and FFmpeg print damage reports straight to fd 2; the parent reports in one line.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    log.addHandler(_LogToParent(conn))
+    log.propagate = False
+
+    def show(message, category, filename, lineno, file_=None, line=None) -> None:
+        log.warning("%s: %s", file, " ".join(str(message).split()))
+
+    warnings.showwarning = show
+    # The fault stand-in strikes while decoding (sampling or loading), after probing succeeded.
+    fault = os.environ.get(FAULT_ENV, "") if op != "probe" else ""
+    name = Path(str(file)).name
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    limit = MEMORY_LIMIT_BYTES if hard == resource.RLIM_INFINITY else min(hard, MEMORY_LIMIT_BYTES)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+    settings: list = []  # a live source's sampling arguments, sent after its probe
+    if op == "sample":
+        answers = _sample(file, *args)
+    elif op == "frames_at":
+        answers = _frames_at(file, *args)
+    elif op == "live":
+        answers = live(conn, file, fds[0] if fds else None, settings)
+    else:  # one answer, computed when asked for
+        answers = (function(file) for function in [{"probe": probe, "load_image": load_image}[op]])
+    try:
+        while True:
+            message = conn.recv()
+            if isinstance(message, tuple) and message[0] == "settings":
+                settings[:] = message[1]
+                continue
+            if message != "next":
+                return
+            started = time.monotonic()
+            if fault == f"crash:{name}":
+                os.kill(os.getpid(), signal.SIGSEGV)
+            if fault == f"hang:{name}":
+                time.sleep(3600)
+            try:
+                answer = next(answers)
+            except StopIteration:
+                conn.send(("done", None))
+                return
+            except BaseException as e:
+                conn.send(("raise", _portable(e), traceback.format_exc()))
+                return
+            conn.send(("answer", answer, time.monotonic() - started))
+    except (EOFError, BrokenPipeError):  # the parent is done with this file
+        return
+
+
+def _portable(error: BaseException) -> BaseException:
+    """`error`, or a stand-in with its type and text when it would not unpickle in the parent."""
+    try:
+        pickle.loads(pickle.dumps(error))
+        return error
+    except Exception:
+        return RuntimeError(f"{type(error).__name__}: {error}")
+
+
+class Child:
+    """The parent's end of one decoder child: asks for answers and enforces the time bounds."""
+
+    def __init__(
+        self, decoder: Decoder, op: str, file: Path | str, args: tuple = (), fds: tuple[int, ...] = ()
+    ) -> None:
+        self.decoder, self.file = decoder, source_label(file)
+        self.live = op == "live"
+        # A live source has no answer to wait for but the next video: silence is a stall. Its
+        # first answer, the probe, also waits for the ANALYZE_S of stream FFmpeg reads first.
+        self.step_timeout = decoder.stall_timeout + ANALYZE_S if self.live else decoder.step_timeout
+        self.server = _server()
+        try:
+            self.pid, self.conn = self.server.fork((op, file, args), fds)
+        except (EOFError, OSError) as e:  # the server is gone: no file can be read
+            raise FfaiError(f"cannot start a decoder process for {self.file} (its fork server exited: {e})") from e
+        self.busy = 0.0  # seconds the child spent on the answers so far
+        self.asked: float | None = None
+        self.heard = 0.0  # when the child last said video is arriving (live sources)
+        self.status: int | None = None
+
+    def ask(self) -> None:
+        """Ask for the next answer now, so the child works while the caller does."""
+        if self.asked is None:
+            self.conn.send("next")
+            self.asked = time.monotonic()
+
+    def answer(self, media_time: float = 0.0):
+        """The next answer, or None once the child is exhausted. `media_time` is how far into
+        the file the answers have come (it extends the file's time budget, which counts the
+        child's working time: a caller that is slow to ask again, as a model is, costs nothing)."""
+        try:
+            self.ask()
+        except OSError:  # it died before it was asked
+            raise MediaError(f"{self.file}: the decoder crashed ({self._death()})") from None
+        budget = self.decoder.file_timeout + self.decoder.realtime_factor * media_time - self.busy
+        file_deadline = self.asked + budget
+        while True:
+            deadline = min(max(self.asked, self.heard) + self.step_timeout, file_deadline)
+            if not self.conn.poll(max(0.0, deadline - time.monotonic())):
+                self.close()
+                raise MediaError(self._timeout_message(deadline < file_deadline))
+            try:
+                kind, *rest = self.conn.recv()
+            except (EOFError, OSError):
+                raise MediaError(f"{self.file}: the decoder crashed ({self._death()})") from None
+            if kind == "log":
+                log.log(rest[0], "%s", rest[1])
+                continue
+            if kind == "tick":
+                self.heard = time.monotonic()
+                continue
+            self.asked = None
+            if self.live:
+                self.step_timeout = self.decoder.stall_timeout
+            if kind == "answer":
+                self.busy += rest[1]
+                return rest[0]
+            if kind == "done":
+                return None
+            error, child_traceback = rest
+            if isinstance(error, FfaiError):
+                raise error
+            raise error from _ChildTraceback(child_traceback)
+
+    def _timeout_message(self, step: bool) -> str:
+        if step and self.live:
+            return f"{self.file}: the source stalled: no video for {self.decoder.stall_timeout:g} s (--stall-timeout)"
+        limit = f"{self.step_timeout:g} s" if step else "the file's time budget"
+        return f"{self.file}: decoding stopped: the decoder gave no answer within {limit}"
+
+    def _death(self) -> str:
+        self.close()
+        if os.WIFSIGNALED(self.status):
+            return f"killed by {signal.Signals(os.WTERMSIG(self.status)).name}"
+        return f"exit status {os.waitstatus_to_exitcode(self.status)}"
+
+    def close(self) -> None:
+        if self.status is not None:
+            return
+        self.conn.close()
+        try:
+            os.kill(self.pid, signal.SIGKILL)  # finished or not: nothing of it is needed now
+        except ProcessLookupError:
+            pass
+        self.status = self.server.reap(self.pid)
