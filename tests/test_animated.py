@@ -19,6 +19,10 @@ from ffai.captioning import Captioner, CaptionOptions
 from ffai.engine import DecodingOptions
 from ffai_smolvlm.preprocess import to_rgb
 
+# Read in this process: what a decoder child gives is compared with it.
+here = media.Decoder(isolated=False)
+
+
 DEMO = Path(__file__).resolve().parents[1] / "models" / "smolvlm-demo"
 DURATIONS_MS = [40, 60, 100, 80, 120, 40] * 4  # 24 frames, 1.76 s
 FORMATS = {"gif": {}, "apng": {}, "webp": {"lossless": True}}
@@ -74,7 +78,7 @@ def test_probe_says_video_with_the_durations_sum_in_and_out_of_process(animation
     kind, path = animation
     with Image.open(path) as image:  # what Pillow wrote is the animation meant
         assert image.n_frames == 24
-    info = media.probe(path)
+    info = here.probe(path)
     assert (info.kind, info.width, info.height, info.duration) == ("video", 48, 32, 1.76)
     assert media.Decoder().probe(path) == info
 
@@ -88,21 +92,21 @@ def test_samples_follow_the_frame_durations(animation, fps):
     assert [frame_index(f.image) for f in frames] == picked
     assert {f.image.mode for f in frames} == {"RGB"}
     # -ss and --max-frames work on the animation's own timeline, as on a clip's.
-    later = list(media.sample_frames(path, fps, start=1.0, max_frames=2))
+    later = list(here.sample_frames(path, fps, start=1.0, max_frames=2))
     assert [f.time for f in later] == [f.time for f in frames if f.time >= 1.0 - 1e-9][:2]
 
 
 def test_a_frame_claiming_no_time_is_shown_for_100_ms(tmp_path):
     path = write_animation(tmp_path / "zero.gif", "gif", durations=[0, 0, 50])
-    assert [f.time for f in media.sample_frames(path, 100)] == [0.0, 0.1, 0.2]
-    assert media.probe(path).duration == 0.25
+    assert [f.time for f in here.sample_frames(path, 100)] == [0.0, 0.1, 0.2]
+    assert here.probe(path).duration == 0.25
 
 
 @pytest.mark.parametrize("kind", list(FORMATS))
 def test_one_frame_stays_a_still(kind, tmp_path):
     path = write_animation(tmp_path / f"one{SUFFIX[kind]}", kind, durations=[500])
     assert media.Decoder().probe(path).kind == "image"
-    assert [f.time for f in media.sample_frames(path, 5)] == [0.0]
+    assert [f.time for f in here.sample_frames(path, 5)] == [0.0]
 
 
 @pytest.mark.parametrize("kind, alpha", [("gif", 0), ("apng", 0), ("apng", 100), ("webp", 60)])
@@ -110,7 +114,7 @@ def test_transparency_is_composited_as_a_still_is(kind, alpha, tmp_path):
     """A frame's see-through part reaches the model as the engine makes a still of the same
     picture: onto white (SmolVLM's reference), not the colour hidden under it."""
     path = write_animation(tmp_path / f"alpha{SUFFIX[kind]}", kind, durations=[100] * 3, alpha=alpha)
-    frames = list(media.sample_frames(path, 10))
+    frames = list(here.sample_frames(path, 10))
     assert len(frames) == 3
     with Image.open(path) as image:
         for index, frame in enumerate(frames):

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 import ffai
-from ffai import media
 from ffai.bench.sample_media import make_clip
 from ffai.captioning import Captioner, CaptionOptions, pipeline_config, placement
 from ffai.engine import DecodingOptions, Request, RuntimeOptions
@@ -53,7 +52,7 @@ def test_workers_and_inline_give_the_same_cues(tiny_checkpoint, tmp_path):
         )
         with Captioner(options) as captioner:
             assert captioner.placement == where
-            cues[where] = [*captioner.captions(media.probe(clip)), *captioner.captions(media.probe(still))]
+            cues[where] = [cue for path in (clip, still) for cue in captioner.captions(captioner.decoder.probe(path))]
     assert cues["inline"] == cues["workers"]  # texts, times and token ids
     assert len(cues["inline"]) == 3 and all(c.token_ids for c in cues["inline"])
 

@@ -101,14 +101,14 @@ def test_kept_regressions_end_in_one_line_errors(samples, tmp_path, sample, reci
 
 
 def test_decoder_children_give_what_this_process_gives(samples):
-    decoder = media.Decoder()
+    decoder, here = media.Decoder(), media.Decoder(isolated=False)
     clip = samples["mp4_vfr"]
-    assert decoder.probe(clip) == media.probe(clip)
-    here = list(media.sample_frames(clip, 10, start=0.1, max_frames=4))
-    there = list(decoder.sample_frames(clip, 10, start=0.1, max_frames=4))
-    assert [(f.time, f.image.tobytes()) for f in there] == [(f.time, f.image.tobytes()) for f in here]
+    assert decoder.probe(clip) == here.probe(clip)
+    mine = list(here.sample_frames(clip, 10, start=0.1, max_frames=4))
+    theirs = list(decoder.sample_frames(clip, 10, start=0.1, max_frames=4))
+    assert [(f.time, f.image.tobytes()) for f in theirs] == [(f.time, f.image.tobytes()) for f in mine]
     still = samples["png_p_trns"]
-    loaded, local = decoder.load_image(still), media.load_image(still)
+    loaded, local = decoder.load_image(still), here.load_image(still)
     assert (loaded.mode, loaded.info, loaded.tobytes()) == (local.mode, local.info, local.tobytes())
     # A MediaError in the child arrives as itself; a closed-early iterator ends its child.
     with pytest.raises(MediaError, match="no video stream"):

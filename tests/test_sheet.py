@@ -357,10 +357,10 @@ def test_sheet_keeps_an_existing_output_without_y(tracks, tmp_path, capsys):
 
 
 def test_frames_at_gives_the_sampled_frames(clip):
-    sampled = list(media.sample_frames(clip, 2))
+    sampled = list(media.Decoder(isolated=False).sample_frames(clip, 2))
     picks = [sampled[i] for i in (0, 3, 4, 11)]
     # stored as a JSON track stores them: whole milliseconds
     found = list(media.Decoder().frames_at(clip, [round(f.time * 1000) / 1000 for f in picks], tolerance=0.0005))
     assert [f.time for f in found] == [f.time for f in picks]
     assert [f.image.tobytes() for f in found] == [f.image.tobytes() for f in picks]
-    assert [f.time for f in media.frames_at(clip, [5.9, 7.0])] == [5.92]  # the clip ends first
+    assert [f.time for f in media.Decoder(isolated=False).frames_at(clip, [5.9, 7.0])] == [5.92]  # the clip ends first

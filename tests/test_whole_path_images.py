@@ -194,7 +194,8 @@ def test_file_through_the_whole_path(name, tmp_path, capsys, tiny_checkpoint, ti
             assert (reference_pixels(processor, old_conversion(opened)) - theirs_pixels).abs().max() > 0.5
 
     # The engine's own preprocessing of what the media layer read equals the reference's, exactly.
-    prepared = tiny_engine["preprocess"](Request((media.load_image(path),), DecodingOptions(max_new_tokens=N_NEW)))
+    still = media.Decoder(isolated=False).load_image(path)
+    prepared = tiny_engine["preprocess"](Request((still,), DecodingOptions(max_new_tokens=N_NEW)))
     assert torch.equal(tiny_engine["vision"].normalise(prepared.tiles), theirs_pixels)
 
     theirs, text = reference_answer(ref, processor, path)

@@ -67,10 +67,9 @@ class FfaiArm:
         return {request_id: (list(a.token_ids), a.text) for request_id, a in self.captioner.answers(requests)}
 
     def clip(self, path: Path) -> dict[str, list[int]]:
-        from ffai import media
-
         # Keyed as the reference arm keys its windows (cases.clip_items): 0-based window index.
-        return {str(cue.index - 1): list(cue.token_ids) for cue in self.captioner.captions(media.probe(path))}
+        info = self.captioner.decoder.probe(path)
+        return {str(cue.index - 1): list(cue.token_ids) for cue in self.captioner.captions(info)}
 
     def info(self) -> dict:
         return {

@@ -2,7 +2,7 @@
 
 Images are synthetic (seeded gradients plus noise, so resizing keeps structure) and built the
 same way in each arm's process; the clip is written once per run by the parent and both arms
-decode that one file with ``ffai.media.sample_frames``. The default checkpoint (the engine's
+decode that one file with ``ffai.media.Decoder.sample_frames``. The default checkpoint (the engine's
 random one; SmolVLM's has the real SmolVLM-256M shapes) is ``ffai.bench.checkpoints.default_checkpoint``.
 """
 
@@ -90,8 +90,9 @@ def clip_items(clip: Path) -> Iterator[Item]:
     from ffai import media
     from ffai.windows import make_windows
 
-    info = media.probe(clip)
-    frames = media.sample_frames(clip, CLIP_FPS)
+    decoder = media.Decoder(isolated=False)  # in this process: the arm measures the engine alone
+    info = decoder.probe(clip)
+    frames = decoder.sample_frames(clip, CLIP_FPS)
     for window in make_windows(frames, CLIP_WINDOW, CLIP_FPS, clip_end=info.duration):
         yield Item(str(window.index), tuple(f.image for f in window.frames), window.frame_times)
 
@@ -184,7 +185,7 @@ def corpus_items(folder: Path) -> list[QualityItem]:
             image, question, answer = row["image"], row["question"], row["answer"]
         except (ValueError, KeyError, TypeError) as e:
             raise UsageError(f'{questions}:{n}: expected {{"image", "question", "answer"}} ({e})') from e
-        still = media.load_image(Path(folder) / image)
+        still = media.Decoder(isolated=False).load_image(Path(folder) / image)
         out.append(QualityItem(str(n), (still,), None, question, str(answer), CORPUS_MAX_NEW))
     if not out:
         raise UsageError(f"{questions}: no questions")

@@ -311,10 +311,11 @@ class Outcome:
     message: str = ""  # the MediaError's text for an error
 
 
-def check(path: str | Path, reader=media) -> Outcome:
+def check(path: str | Path, reader: media.Decoder | None = None) -> Outcome:
     """Probe and sample `path` as ``ffai caption --fps 1 --max-frames 4`` does, in this process
-    (`reader` ffai.media) or in decoder children (a ``media.Decoder``). A MediaError is an
-    outcome; any other exception propagates (it is a finding)."""
+    (no `reader`: ``media.Decoder(isolated=False)``) or in decoder children (a ``media.Decoder()``).
+    A MediaError is an outcome; any other exception propagates (it is a finding)."""
+    reader = reader or media.Decoder(isolated=False)
     try:
         info = reader.probe(path)
         if info.kind == "image":

@@ -5,8 +5,8 @@ content, never its extension: Pillow is asked first (it reads only the header), 
 
 One module per concern: ``sources`` (the records readers give, how a source is named, the
 checks made first), ``stills`` (Pillow, animations included), ``boxes`` (MP4/MOV sample-table
-claims against the file's size), ``video`` (PyAV: decode, time, seek), ``sampling`` (a file
-probed and sampled in this process), ``streams`` (live sources), ``sandbox`` (the decoder child
+claims against the file's size), ``video`` (PyAV: decode, time, seek), ``sampling`` (the
+readers a decoder runs on a file: probe, sample, frames at times), ``streams`` (live sources), ``sandbox`` (the decoder child
 and its fork server) and ``decoder`` (``Decoder``).
 
 Conventions:
@@ -36,11 +36,11 @@ Conventions:
   such as udp://, tcp://, http(s)://) are read as they arrive, without seeking: probing and
   sampling share one open container in one decoder child. Their frame times are stream time
   from the first decoded frame, kept continuous across timestamp jumps (``DISCONTINUITY_S``).
-- Hostile files: every failure is a one-line MediaError naming the file. ``probe``,
-  ``load_image`` and ``sample_frames`` run in the calling process; ``Decoder`` runs the same
-  three in a child process per file (the caption path uses it), so that a crash inside FFmpeg
-  or Pillow fails that file alone and time and memory per file are bounded. Sample counts an
-  MP4/MOV claims are checked against the file's size before FFmpeg allocates for them.
+- Hostile files: every failure is a one-line MediaError naming the file. ``Decoder`` is the
+  one way in: it reads each file in a child process of its own, so that a crash inside FFmpeg
+  or Pillow fails that file alone and time and memory per file are bounded
+  (``Decoder(isolated=False)`` reads in the calling process instead). Sample counts an MP4/MOV
+  claims are checked against the file's size before FFmpeg allocates for them.
 
 ffai never encodes video for the user; ``video_encoder`` names the encoder its generated clips
 (the bench's clip, the demo clip, the test clips) are written with on this PyAV build.
@@ -49,7 +49,6 @@ ffai never encodes video for the user; ``video_encoder`` names the encoder its g
 from __future__ import annotations
 
 from ffai.media.decoder import Decoder
-from ffai.media.sampling import frames_at, probe, sample_frames
 from ffai.media.sandbox import (
     FAULT_ENV,
     FILE_TIMEOUT_S,
@@ -69,7 +68,6 @@ from ffai.media.sources import (
     is_url,
     source_label,
 )
-from ffai.media.stills import load_image
 from ffai.media.streams import ANALYZE_S, DISCONTINUITY_S
 from ffai.media.video import encoder_available, video_encoder
 
@@ -90,12 +88,8 @@ __all__ = [
     "MediaInfo",
     "check_sampling",
     "encoder_available",
-    "frames_at",
     "is_live",
     "is_url",
-    "load_image",
-    "probe",
-    "sample_frames",
     "source_label",
     "video_encoder",
 ]

@@ -6,56 +6,32 @@ at or after it (``ffai.media``)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 
 import av
 from PIL import Image
 
 from ffai.errors import MediaError
-from ffai.media.sources import TIME_EPS, Frame, MediaInfo, check_file, check_sampling
+from ffai.media.sources import TIME_EPS, Frame, MediaInfo
 from ffai.media.stills import animation, is_animated, load_image, open_still, still_info
 from ffai.media.video import open_video, positioned, probe_video, time_origin, to_image
 
 
-def probe(path: str | Path) -> MediaInfo:
-    """Kind, display size and duration of `path`. Reads headers (and a video's first frame,
-    which carries the rotation); raises MediaError for anything that is not usable media."""
-    file = check_file(path)
+def probe(file: Path) -> MediaInfo:
+    """Kind, display size and duration of `file` (checked: ``check_file``). Reads headers (and a
+    video's first frame, which carries the rotation); raises MediaError for anything that is not
+    usable media."""
     with open_still(file) as image:
         if image is not None:
             return still_info(file, image)
     return probe_video(file)
 
 
-def sample_frames(
-    path: str | Path,
-    fps: float,
-    start: float = 0.0,
-    duration: float | None = None,
-    max_frames: int | None = None,
-) -> Iterator[Frame]:
-    """Frames of `path` sampled at `fps` on presentation timestamps, decoded lazily.
-
-    Arguments and the file's existence are checked now; the file is opened and decoded only
-    as the iterator is consumed, and closed when it is exhausted or closed. An image gives one
-    frame at time 0.0.
-    """
-    check_sampling(fps, start, duration, max_frames)
-    file = check_file(path)
-    return _sample(file, fps, start, duration, max_frames)
-
-
-def frames_at(path: str | Path, times: Sequence[float], tolerance: float = 0.0) -> Iterator[Frame]:
-    """For each of ``times`` (seconds, ascending), the first frame of the video at `path` at or
-    after it, less ``tolerance`` (times stored rounded name a frame up to half a unit early);
-    one frame per time, fewer when the video ends first. Decoded lazily in one pass from the
-    first time on; only the frames given are converted to pictures."""
-    file = check_file(path)
-    return _frames_at(file, tuple(times), tolerance)
-
-
-def _sample(file: Path, fps: float, start: float, duration: float | None, max_frames: int | None) -> Iterator[Frame]:
+def sample(file: Path, fps: float, start: float, duration: float | None, max_frames: int | None) -> Iterator[Frame]:
+    """Frames of `file` sampled at `fps` on presentation timestamps (the rule above), decoded
+    as the iterator is consumed; the file is closed when it is exhausted or closed. An image
+    gives one frame at time 0.0."""
     with open_still(file) as image:
         if image is not None and is_animated(file, image):
             yield from pick(animation(file, image), fps, start, duration, max_frames)
@@ -94,7 +70,11 @@ def pick(
         n = math.floor(position) + 1  # deadlines this frame passed are used up
 
 
-def _frames_at(file: Path, times: tuple[float, ...], tolerance: float) -> Iterator[Frame]:
+def frames_at(file: Path, times: tuple[float, ...], tolerance: float) -> Iterator[Frame]:
+    """For each of ``times`` (seconds, ascending), the first frame of the video `file` at or
+    after it, less ``tolerance`` (times stored rounded name a frame up to half a unit early);
+    one frame per time, fewer when the video ends first. Decoded in one pass from the first
+    time on; only the frames given are converted to pictures."""
     with open_still(file) as image:
         if image is not None and not is_animated(file, image):
             raise MediaError(f"{file}: a still image, not a video")

@@ -19,16 +19,16 @@ import threading
 import time
 import traceback
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from PIL import Image
 
 from ffai.errors import FfaiError, MediaError
-from ffai.media.sampling import _frames_at, _sample, probe
+from ffai.media import sampling, stills, streams
 from ffai.media.sources import source_label
-from ffai.media.stills import load_image
-from ffai.media.streams import ANALYZE_S, live
+from ffai.media.streams import ANALYZE_S
 
 if TYPE_CHECKING:
     from ffai.media.decoder import Decoder
@@ -157,6 +157,21 @@ def serve_forks(fd: int) -> None:
         control.send(pid)
 
 
+def op_answers(op: str, file: Path | str, args: tuple, conn, fds: tuple[int, ...], settings: list) -> Iterator:
+    """What a decoder computes for `op` on `file` (checked, or a live source's name), one answer
+    a step: a probe, an image, the samples. The same in a child and in a Decoder that runs in
+    its caller's process (`conn` None there). A live source's sampling arguments arrive in
+    `settings` after its probe."""
+    if op == "sample":
+        return sampling.sample(file, *args)
+    if op == "frames_at":
+        return sampling.frames_at(file, *args)
+    if op == "live":
+        return streams.live(conn, file, fds[0] if fds else None, settings)
+    function = {"probe": sampling.probe, "load_image": stills.load_image}[op]
+    return (function(file) for _ in range(1))  # one answer, computed when asked for
+
+
 class _LogToParent(logging.Handler):
     def __init__(self, conn) -> None:
         super().__init__(logging.WARNING)
@@ -188,14 +203,7 @@ def _child_main(conn, op: str, file: Path | str, args: tuple, fds: tuple[int, ..
     limit = MEMORY_LIMIT_BYTES if hard == resource.RLIM_INFINITY else min(hard, MEMORY_LIMIT_BYTES)
     resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
     settings: list = []  # a live source's sampling arguments, sent after its probe
-    if op == "sample":
-        answers = _sample(file, *args)
-    elif op == "frames_at":
-        answers = _frames_at(file, *args)
-    elif op == "live":
-        answers = live(conn, file, fds[0] if fds else None, settings)
-    else:  # one answer, computed when asked for
-        answers = (function(file) for function in [{"probe": probe, "load_image": load_image}[op]])
+    answers = op_answers(op, file, args, conn, fds, settings)
     try:
         while True:
             message = conn.recv()
@@ -257,6 +265,13 @@ class Child:
         if self.asked is None:
             self.conn.send("next")
             self.asked = time.monotonic()
+
+    def configure(self, args: tuple) -> None:
+        """Tell a live source's child how to sample (after its probe)."""
+        try:
+            self.conn.send(("settings", args))
+        except OSError:
+            raise MediaError(f"{self.file}: the decoder crashed ({self._death()})") from None
 
     def answer(self, media_time: float = 0.0):
         """The next answer, or None once the child is exhausted. `media_time` is how far into

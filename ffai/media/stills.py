@@ -13,7 +13,7 @@ from pathlib import Path
 from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
 
 from ffai.errors import MediaError
-from ffai.media.sources import MediaInfo, check_file, check_size
+from ffai.media.sources import MediaInfo, check_size
 
 _EXIF_SWAPS_AXES = {5, 6, 7, 8}  # orientations that transpose the image
 
@@ -30,10 +30,10 @@ def still_info(file: Path, image: Image.Image) -> MediaInfo:
     return MediaInfo(file, "image", width, height, None)
 
 
-def load_image(path: str | Path) -> Image.Image:
-    """The still image at `path`, upright (EXIF orientation applied), in the mode it was read:
-    no colour conversion, so transparency, palettes and 16-bit or float samples reach the engine."""
-    file = check_file(path)
+def load_image(file: Path) -> Image.Image:
+    """The still image `file` (checked: ``check_file``), upright (EXIF orientation applied), in
+    the mode it was read: no colour conversion, so transparency, palettes and 16-bit or float
+    samples reach the engine."""
     with open_still(file) as image:
         if image is None:
             raise MediaError(f"{file}: not an image")

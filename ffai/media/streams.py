@@ -44,7 +44,11 @@ def _continuous(frames: Iterator[tuple[float, av.VideoFrame]], step: float) -> I
 
 
 def _ticking(frames: Iterator, conn) -> Iterator:
-    """Pass frames through, telling the parent now and then that video is arriving."""
+    """Pass frames through, telling the parent now and then that video is arriving (a decoder
+    run in this process has no parent to tell: `conn` None)."""
+    if conn is None:
+        yield from frames
+        return
     last = time.monotonic()
     for item in frames:
         if time.monotonic() - last >= _TICK_S:

@@ -1,6 +1,6 @@
 """The bench's reference arm for SmolVLM: transformers' Idefics3ForConditionalGeneration (float32,
 always) with its PIL processor, asked the same question ffai asks; the ``clip`` case decodes the
-same windows with ``ffai.media.sample_frames`` (``ffai.bench.cases.clip_items``) and calls
+same windows with ``ffai.media.Decoder.sample_frames`` (``ffai.bench.cases.clip_items``) and calls
 processor + generate per window."""
 
 from __future__ import annotations
