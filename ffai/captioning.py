@@ -211,6 +211,7 @@ class Captioner:
         if self._pipe is not None:
             self._pipe.close()
             self._pipe = None
+        self.decoder.close()  # its fork server and any live source's child; used again, it starts anew
 
     def _running(self) -> Coordinator:
         if self._pipe is None:
@@ -320,7 +321,12 @@ def caption(inputs: str | Path | Iterable[str | Path], options: CaptionOptions |
     ...     print(cue.start_ms, cue.text)
     """
     paths = [inputs] if isinstance(inputs, (str, Path)) else list(inputs)
-    infos = [media.Decoder().probe(path) for path in paths]
-    with Captioner(options or CaptionOptions(), video=any(info.kind == "video" for info in infos)) as captioner:
+    captioner = Captioner(options or CaptionOptions())  # the cheap checks; nothing starts here
+    try:
+        # Probed by the decoder that samples them: a live source's probe leaves its reader there.
+        infos = [captioner.decoder.probe(path) for path in paths]
+        captioner.start(video=any(info.kind == "video" for info in infos))
         for info in infos:
             yield from captioner.captions(info)
+    finally:
+        captioner.close()

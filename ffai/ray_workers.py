@@ -52,17 +52,17 @@ def decode_input(source: str, options: CaptionOptions, cwd: str) -> Iterator[Any
     and messages read as in a local run (a worker runs one task at a time)."""
     if os.path.isdir(cwd) and os.getcwd() != cwd:
         os.chdir(cwd)
-    decoder = media.Decoder()  # a child per file: a decoder crash fails this input alone
-    try:
-        info = decoder.probe(source)
-    except FfaiError as e:
-        yield Failed(str(e))
-        return
-    yield info
-    try:
-        yield from window_items(decoder, info, options)
-    except FfaiError as e:
-        yield Failed(str(e))
+    with media.Decoder() as decoder:  # a child per file: a decoder crash fails this input alone
+        try:
+            info = decoder.probe(source)
+        except FfaiError as e:
+            yield Failed(str(e))
+            return
+        yield info
+        try:
+            yield from window_items(decoder, info, options)
+        except FfaiError as e:
+            yield Failed(str(e))
 
 
 # Seconds and calls per stage in this actor process, filled by the timed stage functions.

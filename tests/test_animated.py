@@ -19,14 +19,19 @@ from ffai.captioning import Captioner, CaptionOptions
 from ffai.engine import DecodingOptions
 from ffai_smolvlm.preprocess import to_rgb
 
-# Read in this process: what a decoder child gives is compared with it.
-here = media.Decoder(isolated=False)
-
-
 DEMO = Path(__file__).resolve().parents[1] / "models" / "smolvlm-demo"
 DURATIONS_MS = [40, 60, 100, 80, 120, 40] * 4  # 24 frames, 1.76 s
 FORMATS = {"gif": {}, "apng": {}, "webp": {"lossless": True}}
 SUFFIX = {"gif": ".gif", "apng": ".png", "webp": ".webp"}
+
+# Read in this process: what a decoder child gives is compared with it.
+here = media.Decoder(isolated=False)
+
+
+@pytest.fixture(scope="module")
+def decoder():
+    with media.Decoder() as decoder:
+        yield decoder
 
 
 def colour(i: int) -> tuple[int, int, int]:
@@ -74,19 +79,19 @@ def animation(request, tmp_path) -> tuple[str, Path]:
     return kind, write_animation(tmp_path / f"anim{SUFFIX[kind]}", kind)
 
 
-def test_probe_says_video_with_the_durations_sum_in_and_out_of_process(animation):
+def test_probe_says_video_with_the_durations_sum_in_and_out_of_process(animation, decoder):
     kind, path = animation
     with Image.open(path) as image:  # what Pillow wrote is the animation meant
         assert image.n_frames == 24
     info = here.probe(path)
     assert (info.kind, info.width, info.height, info.duration) == ("video", 48, 32, 1.76)
-    assert media.Decoder().probe(path) == info
+    assert decoder.probe(path) == info
 
 
 @pytest.mark.parametrize("fps", [10, 3])
-def test_samples_follow_the_frame_durations(animation, fps):
+def test_samples_follow_the_frame_durations(animation, fps, decoder):
     kind, path = animation
-    frames = list(media.Decoder().sample_frames(path, fps))
+    frames = list(decoder.sample_frames(path, fps))
     picked = expected_samples(DURATIONS_MS, fps)
     assert [f.time for f in frames] == pytest.approx([frame_times(DURATIONS_MS)[i] for i in picked], abs=1e-9)
     assert [frame_index(f.image) for f in frames] == picked
@@ -103,9 +108,9 @@ def test_a_frame_claiming_no_time_is_shown_for_100_ms(tmp_path):
 
 
 @pytest.mark.parametrize("kind", list(FORMATS))
-def test_one_frame_stays_a_still(kind, tmp_path):
+def test_one_frame_stays_a_still(kind, tmp_path, decoder):
     path = write_animation(tmp_path / f"one{SUFFIX[kind]}", kind, durations=[500])
-    assert media.Decoder().probe(path).kind == "image"
+    assert decoder.probe(path).kind == "image"
     assert [f.time for f in here.sample_frames(path, 5)] == [0.0]
 
 
@@ -128,10 +133,10 @@ def test_transparency_is_composited_as_a_still_is(kind, alpha, tmp_path):
         assert left != colour(99) and all(c <= got <= 255 for c, got in zip(colour(99), left))
 
 
-def test_frames_at_finds_an_animations_frames(tmp_path):
+def test_frames_at_finds_an_animations_frames(tmp_path, decoder):
     path = write_animation(tmp_path / "anim.gif", "gif")
     times = frame_times(DURATIONS_MS)
-    got = list(media.Decoder().frames_at(path, [times[3], times[3] + 0.001, times[10]]))
+    got = list(decoder.frames_at(path, [times[3], times[3] + 0.001, times[10]]))
     assert [frame_index(f.image) for f in got] == [3, 4, 10]
 
 
@@ -147,7 +152,7 @@ def test_animations_caption_into_timed_tracks(captioner, tmp_path):
     times_ms = [round(frame_times(DURATIONS_MS)[i] * 1000) for i in picked]
     for kind in FORMATS:
         path = write_animation(tmp_path / f"anim{SUFFIX[kind]}", kind)
-        cues = list(captioner.captions(media.Decoder().probe(path)))
+        cues = list(captioner.captions(captioner.decoder.probe(path)))
         assert [t for cue in cues for t in cue.frame_times_ms] == times_ms, kind
         assert [len(cue.frame_times_ms) for cue in cues] == [3] * (len(picked) // 3) + [len(picked) % 3] * (
             len(picked) % 3 > 0

@@ -19,7 +19,6 @@ import pytest
 from ffai import media
 from ffai.bench import fuzz
 from ffai.errors import MediaError
-from ffai.media import sandbox
 
 CASES = 580  # seeds 0..579, 20 a sample: the fixed in-process subset (about 20 s on 2 cores)
 CLI_SEEDS = range(0, 29 * 2)  # two a sample, in one multi-input run of the whole path
@@ -127,31 +126,55 @@ def test_child_warnings_reach_this_process_as_log_records(samples, caplog):
 
 
 def test_a_fork_server_that_died_is_started_again(samples):
-    server = sandbox._server()
-    server.process.kill()
-    server.process.wait()
-    assert media.Decoder().probe(samples["png_rgb"]).kind == "image"
-    assert sandbox._server() is not server
+    with media.Decoder() as decoder:
+        server = decoder.sandbox.server()
+        server.process.kill()
+        server.process.wait()
+        assert decoder.probe(samples["png_rgb"]).kind == "image"
+        assert decoder.sandbox.server() is not server
+
+
+def test_a_decoder_owns_its_fork_server_and_live_children(samples, tmp_path):
+    """Nothing outlives a closed decoder, and two decoders share nothing: each has its own
+    fork server, and a live source one probed is left open in that one alone."""
+    fifo = tmp_path / "cam.ts"
+    os.mkfifo(fifo)
+    writer = subprocess.Popen(["sh", "-c", f'cat "$1" > "{fifo}"', "sh", str(samples["ts"])])
+    first, second = media.Decoder(), media.Decoder()
+    with first, second:
+        assert first.probe(fifo).live
+        assert second.probe(samples["png_rgb"]).kind == "image"
+        servers = [first.sandbox.server(), second.sandbox.server()]
+        assert servers[0].process.pid != servers[1].process.pid
+        assert list(first._live) == [str(fifo)] and not second._live
+    assert [server.process.poll() for server in servers] == [0, 0]  # ended by close, not left to exit
+    assert not first._live
+    writer.wait(timeout=30)
+    # A closed decoder used again starts a new server.
+    with first:
+        assert first.probe(samples["png_rgb"]).kind == "image"
+        assert first.sandbox.server().process.pid not in {server.process.pid for server in servers}
 
 
 @pytest.fixture
-def faulty_server(monkeypatch):
-    """A fork server of its own, started with the decoder fault stand-in in its environment."""
+def faulty_decoder(monkeypatch):
+    """Decoders whose fork servers start with the decoder fault stand-in in their environment."""
+    made: list[media.Decoder] = []
 
-    def start(fault: str) -> None:
+    def make(fault: str, **bounds) -> media.Decoder:
         monkeypatch.setenv(media.FAULT_ENV, fault)
-        monkeypatch.setattr(sandbox, "_fork_server", None)
+        made.append(media.Decoder(**bounds))
+        return made[-1]
 
-    yield start
-    if sandbox._fork_server is not None:
-        sandbox._fork_server.close()
+    yield make
+    for decoder in made:
+        decoder.close()
 
 
-def test_a_decoder_crash_fails_that_file_alone(samples, tmp_path, faulty_server):
+def test_a_decoder_crash_fails_that_file_alone(samples, tmp_path, faulty_decoder):
     crasher = tmp_path / "crash.mp4"
     crasher.write_bytes(samples["mp4_default"].read_bytes())
-    faulty_server(f"crash:{crasher.name}")
-    decoder = media.Decoder()
+    decoder = faulty_decoder(f"crash:{crasher.name}")
     assert decoder.probe(crasher).kind == "video"  # the stand-in strikes while decoding
     with pytest.raises(MediaError) as crashed:
         list(decoder.sample_frames(crasher, 1))
@@ -159,17 +182,22 @@ def test_a_decoder_crash_fails_that_file_alone(samples, tmp_path, faulty_server)
     assert len(list(decoder.sample_frames(samples["mp4_default"], 10))) == 12  # the next file reads
 
 
-def test_a_hung_decoder_is_stopped_at_its_time_bound(samples, tmp_path, faulty_server):
+def test_a_hung_decoder_is_stopped_at_its_time_bound(samples, tmp_path, faulty_decoder):
     hanger = tmp_path / "hang.png"
     hanger.write_bytes(samples["png_rgb"].read_bytes())
-    faulty_server(f"hang:{hanger.name}")
+    decoder = faulty_decoder(f"hang:{hanger.name}", step_timeout=1.0)
+    decoder.sandbox.server()  # started before the clock
     started = time.monotonic()
     with pytest.raises(MediaError, match="gave no answer within 1 s"):
-        media.Decoder(step_timeout=1.0).load_image(hanger)
+        decoder.load_image(hanger)
     assert time.monotonic() - started < 5
     # The whole-file budget: media time extends it, a stall beyond it ends the file.
     with pytest.raises(MediaError, match="time budget"):
-        list(media.Decoder(step_timeout=30, file_timeout=1.0, realtime_factor=0).load_image(hanger))
+        list(
+            faulty_decoder(f"hang:{hanger.name}", step_timeout=30, file_timeout=1.0, realtime_factor=0).load_image(
+                hanger
+            )
+        )
 
 
 # ---------------------------------------------------------------------------- the whole path

@@ -4,15 +4,23 @@ each file in a decoder child of its own (``sandbox``), or in this process when a
 from __future__ import annotations
 
 import sys
+import threading
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from PIL import Image
 
 from ffai.errors import MediaError
-from ffai.media import sandbox
-from ffai.media.sandbox import FILE_TIMEOUT_S, REALTIME_FACTOR, STALL_TIMEOUT_S, STEP_TIMEOUT_S, Child
+from ffai.media.sandbox import (
+    FILE_TIMEOUT_S,
+    REALTIME_FACTOR,
+    STALL_TIMEOUT_S,
+    STEP_TIMEOUT_S,
+    Bounds,
+    Child,
+    Sandbox,
+    op_answers,
+)
 from ffai.media.sources import STDIN, Frame, MediaInfo, check_file, check_sampling, is_live, source_label
 
 
@@ -23,7 +31,7 @@ class _InProcess:
     def __init__(self, op: str, file: Path | str, args: tuple = (), fds: tuple[int, ...] = ()) -> None:
         self.file = source_label(file)
         self.settings: list = []
-        self.answers = sandbox.op_answers(op, file, args, None, fds, self.settings)
+        self.answers = op_answers(op, file, args, None, fds, self.settings)
 
     def ask(self) -> None:
         """Nothing to ask ahead: an answer is computed when it is taken."""
@@ -38,7 +46,6 @@ class _InProcess:
         self.answers.close()
 
 
-@dataclass(frozen=True)
 class Decoder:
     """What ffai reads media through: probe a file or live source, load a still, sample frames
     at a rate, or take the frames at given times.
@@ -54,13 +61,41 @@ class Decoder:
     ``isolated=False`` runs the same readers in this process, lazily as the caller consumes
     them, with none of the child's bounds: for callers that must see inside (the bench's
     arms, which measure the engine alone; the in-process fuzzer; tests that count decoding).
+
+    A decoder owns the processes it starts: the fork server its children come from (started at
+    the first child) and a live source's child a probe left open. ``close()`` (or the end of a
+    ``with`` block) ends them; one used again starts a new server. Left open, they end when the
+    decoder is collected or the process exits.
     """
 
-    step_timeout: float = STEP_TIMEOUT_S
-    file_timeout: float = FILE_TIMEOUT_S
-    realtime_factor: float = REALTIME_FACTOR
-    stall_timeout: float = STALL_TIMEOUT_S  # a live source that delivers no video this long has stalled
-    isolated: bool = True
+    def __init__(
+        self,
+        step_timeout: float = STEP_TIMEOUT_S,
+        file_timeout: float = FILE_TIMEOUT_S,
+        realtime_factor: float = REALTIME_FACTOR,
+        stall_timeout: float = STALL_TIMEOUT_S,
+        isolated: bool = True,
+    ) -> None:
+        self.bounds = Bounds(step_timeout, file_timeout, realtime_factor, stall_timeout)
+        self.isolated = isolated
+        self.sandbox = Sandbox()
+        # Live sources probed and not yet sampled: their readers, by source name.
+        self._live: dict[str, Child | _InProcess] = {}
+        self._live_lock = threading.Lock()
+
+    def __enter__(self) -> Decoder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """End the live readers a probe left open and the fork server."""
+        with self._live_lock:
+            readers, self._live = list(self._live.values()), {}
+        for reader in readers:
+            reader.close()
+        self.sandbox.close()
 
     def probe(self, path: str | Path) -> MediaInfo:
         """Kind, display size and duration of `path`: headers are read (and a video's first
@@ -111,7 +146,7 @@ class Decoder:
 
     def _start(self, op: str, file: Path | str, args: tuple = (), fds: tuple[int, ...] = ()) -> Child | _InProcess:
         if self.isolated:
-            return Child(self, op, file, args, fds)
+            return self.sandbox.child(self.bounds, op, file, args, fds)
         return _InProcess(op, file, args, fds)
 
     def _one(self, op: str, path: str | Path):
@@ -130,8 +165,8 @@ class Decoder:
         except BaseException:
             reader.close()
             raise
-        with sandbox._live_lock:
-            previous, sandbox._live_children[source] = sandbox._live_children.get(source), reader
+        with self._live_lock:
+            previous, self._live[source] = self._live.get(source), reader
         if previous is not None:
             previous.close()
         return reader
@@ -139,12 +174,12 @@ class Decoder:
     def _live_reader(self, source: str, args: tuple) -> Child | _InProcess:
         """The reader a probe left open for `source`, else a new one (its probe answer unused),
         told how to sample."""
-        with sandbox._live_lock:
-            reader = sandbox._live_children.pop(source, None)
+        with self._live_lock:
+            reader = self._live.pop(source, None)
         if reader is None:
             self._open_live(source)
-            with sandbox._live_lock:
-                reader = sandbox._live_children.pop(source)
+            with self._live_lock:
+                reader = self._live.pop(source)
         reader.configure(args)
         return reader
 

@@ -4,7 +4,6 @@ bounded. ``ffai.media.Decoder`` is its front door."""
 
 from __future__ import annotations
 
-import atexit
 import logging
 import multiprocessing.connection
 import multiprocessing.reduction
@@ -19,9 +18,10 @@ import threading
 import time
 import traceback
 import warnings
+import weakref
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from PIL import Image
 
@@ -29,9 +29,6 @@ from ffai.errors import FfaiError, MediaError
 from ffai.media import sampling, stills, streams
 from ffai.media.sources import source_label
 from ffai.media.streams import ANALYZE_S
-
-if TYPE_CHECKING:
-    from ffai.media.decoder import Decoder
 
 log = logging.getLogger("ffai.media")
 
@@ -54,6 +51,16 @@ STALL_TIMEOUT_S = 10.0
 # Test-only: "crash:NAME" or "hang:NAME" makes the child decoding the file named NAME die of
 # SIGSEGV, or stop answering, as a decoder crash or hang would (probing it is left alone).
 FAULT_ENV = "FFAI_TEST_DECODER_FAULT"
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """How long a decoder child may take (the constants above say why)."""
+
+    step_timeout: float = STEP_TIMEOUT_S
+    file_timeout: float = FILE_TIMEOUT_S
+    realtime_factor: float = REALTIME_FACTOR
+    stall_timeout: float = STALL_TIMEOUT_S  # a live source that delivers no video this long has stalled
 
 
 class _ChildTraceback(Exception):
@@ -111,20 +118,37 @@ class _ForkServer:
         self.process.wait()
 
 
-_fork_server: _ForkServer | None = None
-# Live sources probed and not yet sampled: their decoder children, by source name.
-_live_children: dict[str, Child] = {}
-_live_lock = threading.Lock()
-_fork_server_lock = threading.Lock()
+class Sandbox:
+    """Where a Decoder's children come from: a fork server, started on first use, again after
+    it died, and anew in a forked copy of this process (the server it inherited is its
+    parent's). ``close`` ends it, and a later child starts a new one; a sandbox never closed
+    ends its server when it is collected or the process exits."""
 
+    def __init__(self) -> None:
+        self._server: _ForkServer | None = None
+        self._stop: weakref.finalize | None = None  # closes _server, once
+        self._lock = threading.Lock()
 
-def _server() -> _ForkServer:
-    global _fork_server
-    with _fork_server_lock:
-        if _fork_server is None or _fork_server.owner != os.getpid() or _fork_server.process.poll() is not None:
-            _fork_server = _ForkServer()
-            atexit.register(_fork_server.close)
-        return _fork_server
+    def server(self) -> _ForkServer:
+        """The running fork server, started now when there is none."""
+        with self._lock:
+            server = self._server
+            if server is None or server.owner != os.getpid() or server.process.poll() is not None:
+                if self._stop is not None:
+                    self._stop()
+                server = self._server = _ForkServer()
+                self._stop = weakref.finalize(self, server.close)
+            return server
+
+    def child(self, bounds: Bounds, op: str, file: Path | str, args: tuple = (), fds: tuple[int, ...] = ()) -> Child:
+        """A new decoder child running `op` on `file` (``op_answers``) within `bounds`."""
+        return Child(self.server(), bounds, op, file, args, fds)
+
+    def close(self) -> None:
+        with self._lock:
+            stop, self._stop, self._server = self._stop, None, None
+        if stop is not None:
+            stop()
 
 
 def serve_forks(fd: int) -> None:
@@ -243,14 +267,19 @@ class Child:
     """The parent's end of one decoder child: asks for answers and enforces the time bounds."""
 
     def __init__(
-        self, decoder: Decoder, op: str, file: Path | str, args: tuple = (), fds: tuple[int, ...] = ()
+        self,
+        server: _ForkServer,
+        bounds: Bounds,
+        op: str,
+        file: Path | str,
+        args: tuple = (),
+        fds: tuple[int, ...] = (),
     ) -> None:
-        self.decoder, self.file = decoder, source_label(file)
+        self.server, self.bounds, self.file = server, bounds, source_label(file)
         self.live = op == "live"
         # A live source has no answer to wait for but the next video: silence is a stall. Its
         # first answer, the probe, also waits for the ANALYZE_S of stream FFmpeg reads first.
-        self.step_timeout = decoder.stall_timeout + ANALYZE_S if self.live else decoder.step_timeout
-        self.server = _server()
+        self.step_timeout = bounds.stall_timeout + ANALYZE_S if self.live else bounds.step_timeout
         try:
             self.pid, self.conn = self.server.fork((op, file, args), fds)
         except (EOFError, OSError) as e:  # the server is gone: no file can be read
@@ -281,7 +310,7 @@ class Child:
             self.ask()
         except OSError:  # it died before it was asked
             raise MediaError(f"{self.file}: the decoder crashed ({self._death()})") from None
-        budget = self.decoder.file_timeout + self.decoder.realtime_factor * media_time - self.busy
+        budget = self.bounds.file_timeout + self.bounds.realtime_factor * media_time - self.busy
         file_deadline = self.asked + budget
         while True:
             deadline = min(max(self.asked, self.heard) + self.step_timeout, file_deadline)
@@ -300,7 +329,7 @@ class Child:
                 continue
             self.asked = None
             if self.live:
-                self.step_timeout = self.decoder.stall_timeout
+                self.step_timeout = self.bounds.stall_timeout
             if kind == "answer":
                 self.busy += rest[1]
                 return rest[0]
@@ -313,7 +342,7 @@ class Child:
 
     def _timeout_message(self, step: bool) -> str:
         if step and self.live:
-            return f"{self.file}: the source stalled: no video for {self.decoder.stall_timeout:g} s (--stall-timeout)"
+            return f"{self.file}: the source stalled: no video for {self.bounds.stall_timeout:g} s (--stall-timeout)"
         limit = f"{self.step_timeout:g} s" if step else "the file's time budget"
         return f"{self.file}: decoding stopped: the decoder gave no answer within {limit}"
 
@@ -331,4 +360,7 @@ class Child:
             os.kill(self.pid, signal.SIGKILL)  # finished or not: nothing of it is needed now
         except ProcessLookupError:
             pass
-        self.status = self.server.reap(self.pid)
+        try:
+            self.status = self.server.reap(self.pid)
+        except (EOFError, OSError):  # its server is gone (closed, or died): the kill is all there is to know
+            self.status = signal.SIGKILL
