@@ -32,6 +32,9 @@ Conventions:
   frames are RGB8 (swscale converts them).
 - A packet that fails to decode is skipped and counted, as ffmpeg does; the count is logged
   as a warning at the end. A file cut short therefore yields the frames before the cut.
+- A file is named by its path or by a ``file://`` URL (``file:///PATH`` or
+  ``file://localhost/PATH``, percent-encoded: ``sources.path_of``); a URL naming another
+  machine's file is a MediaError.
 - Live sources (``is_live``: standard input ``-``, a named pipe or device, a URL FFmpeg opens
   such as udp://, tcp://, http(s)://) are read as they arrive, without seeking: probing and
   sampling share one open container in one decoder child. Their frame times are stream time

@@ -8,6 +8,7 @@ import math
 import os
 import re
 import stat
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,8 +70,26 @@ def source_label(source: str | Path) -> str:
     return "stdin" if str(source) == STDIN else str(source)
 
 
+def path_of(source: str | Path) -> Path:
+    """The path `source` names: a ``file://`` URL's path, percent-decoded (its host empty or
+    ``localhost``: another machine's file is a MediaError), else `source` itself."""
+    name = str(source)
+    scheme = URL_SCHEME.match(name)
+    if isinstance(source, Path) or not scheme or scheme.group(1).lower() != "file":
+        return Path(source)
+    url = urllib.parse.urlsplit(name)
+    if url.netloc.lower() not in ("", "localhost"):
+        raise MediaError(f"{name}: a file on {url.netloc}, not on this machine (file:///PATH names a local file)")
+    if not url.path:
+        raise MediaError(f"{name}: names no file (file:///PATH)")
+    # Percent-decoded to bytes, then to a name as the filesystem spells it (any encoding).
+    return Path(os.fsdecode(urllib.parse.unquote_to_bytes(url.path)))
+
+
 def check_file(path: str | Path) -> Path:
-    file = Path(path)
+    """The regular, non-empty file `path` names (a path or a ``file://`` URL, ``path_of``), or
+    a MediaError saying why not."""
+    file = path_of(path)
     if not file.exists():
         raise MediaError(f"{file}: no such file")
     if file.is_dir():
