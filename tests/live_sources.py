@@ -21,6 +21,7 @@ from pathlib import Path
 from ffai.engine import EngineInfo, StageSpec
 from ffai_smolvlm.engine import ENGINE as SMOLVLM
 from ffai_smolvlm.stages import preprocess_stage
+from minimal_engine import register_engine
 
 TESTS = Path(__file__).resolve().parent
 SLOW_ENV = "FFAI_TEST_STAGE_DELAY_S"
@@ -55,12 +56,7 @@ SLOW_ENGINE = SlowEngine()
 
 
 def register_slow_engine(folder: Path) -> Path:
-    """A dist-info in ``folder`` whose entry point names ``SLOW_ENGINE`` in group ffai.engines."""
-    info = folder / "ffai_test_engines-0.dist-info"
-    info.mkdir(parents=True, exist_ok=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: ffai-test-engines\nVersion: 0\n")
-    (info / "entry_points.txt").write_text(f"[ffai.engines]\n{SLOW_NAME} = live_sources:SLOW_ENGINE\n")
-    return folder
+    return register_engine(folder, SLOW_NAME, "live_sources:SLOW_ENGINE")
 
 
 def ffai_env(*paths: Path, **extra: str) -> dict[str, str]:

@@ -182,10 +182,16 @@ class PaletteBench:
 BENCH = PaletteBench()
 
 
-def register_palette_engine(folder: Path) -> Path:
-    """A dist-info in ``folder`` whose entry point names ``ENGINE`` in group ffai.engines."""
-    info = folder / "ffai_palette_engine-0.dist-info"
+def register_engine(folder: Path, name: str, target: str) -> Path:
+    """A dist-info in ``folder`` whose entry point ``name`` in group ffai.engines names ``target``
+    ("module:attr"); a process with ``folder`` on its path finds the engine as an installed one."""
+    dist = f"ffai_test_engine_{name.replace('-', '_')}"
+    info = folder / f"{dist}-0.dist-info"
     info.mkdir(parents=True, exist_ok=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: ffai-palette-engine\nVersion: 0\n")
-    (info / "entry_points.txt").write_text(f"[ffai.engines]\n{NAME} = minimal_engine:ENGINE\n")
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0\n")
+    (info / "entry_points.txt").write_text(f"[ffai.engines]\n{name} = {target}\n")
     return folder
+
+
+def register_palette_engine(folder: Path) -> Path:
+    return register_engine(folder, NAME, "minimal_engine:ENGINE")
