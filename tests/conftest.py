@@ -1,10 +1,13 @@
 """Shared fixtures: random-weight SmolVLM checkpoints, cached on disk, and the transformers
-reference on them (ffai.bench.checkpoints caches what ffai_smolvlm.bench writes). Helper
-modules beside the tests (media_fixtures, hub_server) import by name: pyproject's pytest
-``pythonpath`` lists tests/."""
+reference on them (ffai.bench.checkpoints caches what ffai_smolvlm.bench writes); the gate on
+``browser`` tests (skipped without chromium, required under ``CI=true``). Helper modules beside
+the tests (media_fixtures, hub_server) import by name: pyproject's pytest ``pythonpath`` lists
+tests/."""
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -43,3 +46,34 @@ def terminal_width():
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("COLUMNS", "200")
         yield
+
+
+def find_chromium() -> str | None:
+    """The system's chromium (Debian's), which playwright drives: it never downloads a browser
+    here. Looked up on PATH, so a test can hide it."""
+    return shutil.which("chromium")
+
+
+def require_chromium() -> str:
+    """chromium's path; without it a browser test skips, naming the install command, except
+    under ``CI=true``, where the browser tests are required and fail with the same line."""
+    path = find_chromium()
+    if path is None:
+        reason = "no chromium on PATH: apt-get install chromium (or deselect with -m 'not browser')"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(reason, pytrace=False)
+        pytest.skip(reason)
+    return path
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Every ``browser`` test is gated here, before its fixtures (a caption run, the browser) start."""
+    if item.get_closest_marker("browser") is not None:
+        require_chromium()
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """The path of the chromium the browser tests launch."""
+    return require_chromium()

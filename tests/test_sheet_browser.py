@@ -2,7 +2,8 @@
 playwright package; no browser is downloaded): a caption run's page for a generated clip, a
 still's, a page with hostile text, and one cut short by Ctrl-C.
 
-Deselect with ``-m "not browser"`` on a machine without chromium; CI installs it."""
+Without chromium on PATH they skip, naming its install command (tests/conftest.py gates every
+``browser`` test); under ``CI=true`` they are required and fail instead. CI installs it."""
 
 from __future__ import annotations
 
@@ -29,12 +30,9 @@ HOSTILE = '<img src=x onerror="window.pwned=1"><script>window.pwned=2</script></
 
 
 @pytest.fixture(scope="module")
-def browser():
+def browser(chromium):
     from playwright.sync_api import sync_playwright
 
-    chromium = shutil.which("chromium")
-    if chromium is None:
-        pytest.fail("no chromium on PATH: apt-get install chromium (or deselect with -m 'not browser')")
     with sync_playwright() as driver:
         browser = driver.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
         yield browser
