@@ -21,7 +21,9 @@ from ffai.ray_backend import RayResources, plan_resources
 from ray_faults import read_tracks
 
 DEMO_CLIP = Path(__file__).resolve().parents[1] / "models" / "demo_clip.mp4"
-FLAGS = ["--fps", "1", "--window", "3"]
+# The bundled demo model by name: without --model the run takes $FFAI_MODEL, or the real 256M
+# model where it was pulled, and takes minutes instead of seconds.
+FLAGS = ["--model", "smolvlm-demo", "--fps", "1", "--window", "3"]
 
 
 def test_bare_ray_means_auto():
@@ -113,7 +115,11 @@ def test_ctrl_c_then_resume_on_a_local_ray(tmp_path):
     inputs = [arg for name in names for arg in ("-i", name)]
     for folder in ("local", "ray"):
         (tmp_path / folder).mkdir()
-    local = ffai(*inputs, *FLAGS, "-o", "local/{stem}.json", cwd=tmp_path)
+    # The expected tracks on one torch thread, as each engine actor computes them (one actor per
+    # CPU, one thread each). With two threads on 2 cores, OpenMP's threads spin-wait on each other
+    # at every op once any other process holds a core: beside two busy loops this run took 73-130 s
+    # instead of 11-16 s (same tracks), past its timeout, while the 1-thread actors kept their pace.
+    local = ffai(*inputs, *FLAGS, "--threads", "1", "-o", "local/{stem}.json", cwd=tmp_path)
     assert local.wait(timeout=120) == 0, local.communicate()
     expected = read_tracks(tmp_path / "local")
 
