@@ -182,22 +182,44 @@ def test_a_decoder_crash_fails_that_file_alone(samples, tmp_path, faulty_decoder
     assert len(list(decoder.sample_frames(samples["mp4_default"], 10))) == 12  # the next file reads
 
 
-def test_a_hung_decoder_is_stopped_at_its_time_bound(samples, tmp_path, faulty_decoder):
+@pytest.mark.parametrize("fault", ["hang", "spin"])
+def test_a_hung_decoder_is_stopped_at_its_time_bound(samples, tmp_path, faulty_decoder, fault):
+    """A child blocked for good (hang: it sleeps) or working without end (spin: a loop on a
+    CPU) is stopped at the step bound, and the whole-file budget ends one that keeps working."""
     hanger = tmp_path / "hang.png"
     hanger.write_bytes(samples["png_rgb"].read_bytes())
-    decoder = faulty_decoder(f"hang:{hanger.name}", step_timeout=1.0)
+    decoder = faulty_decoder(f"{fault}:{hanger.name}", step_timeout=1.0)
     decoder.sandbox.server()  # started before the clock
     started = time.monotonic()
     with pytest.raises(MediaError, match="gave no answer within 1 s"):
         decoder.load_image(hanger)
-    assert time.monotonic() - started < 5
-    # The whole-file budget: media time extends it, a stall beyond it ends the file.
+    if fault == "hang":  # blocked time is plain time; a spinning child's is CPU time, slower on a busy machine
+        assert time.monotonic() - started < 5
+    # The whole-file budget: media time extends it, work beyond it ends the file.
+    spinning = faulty_decoder(f"spin:{hanger.name}", step_timeout=30, file_timeout=1.0, realtime_factor=0)
     with pytest.raises(MediaError, match="time budget"):
-        list(
-            faulty_decoder(f"hang:{hanger.name}", step_timeout=30, file_timeout=1.0, realtime_factor=0).load_image(
-                hanger
-            )
-        )
+        spinning.load_image(hanger)
+
+
+def test_a_child_the_machine_keeps_waiting_is_slow_not_hung(samples):
+    """The bounds count the child's CPU time, not the clock's: a child that waits for a CPU
+    (here its fork server, and so it, at nice 19 on one CPU beside a busy loop) answers long
+    after a step bound of 0.2 s of plain time, and its file reads."""
+    cpu = min(os.sched_getaffinity(0))
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        os.sched_setaffinity(spinner.pid, {cpu})
+        with media.Decoder(step_timeout=0.2) as decoder:
+            decoder.probe(samples["png_rgb"])  # the server has imported what it needs
+            server = decoder.sandbox.server().process.pid
+            os.sched_setaffinity(server, {cpu})
+            os.setpriority(os.PRIO_PROCESS, server, 19)
+            started = time.monotonic()
+            assert decoder.probe(samples["mp4_default"]).kind == "video"
+            assert time.monotonic() - started > 0.2  # it was kept waiting past the bound
+    finally:
+        spinner.kill()
+        spinner.wait()
 
 
 # ---------------------------------------------------------------------------- the whole path

@@ -54,7 +54,8 @@ class Decoder:
     FFmpeg or Pillow on a hostile file (a signal) then kills that child alone and ends in a
     one-line MediaError for that file; a child that stops answering is killed past the time
     bounds (``step_timeout`` per answer, ``file_timeout`` plus ``realtime_factor`` times the
-    media time sampled per file); a child's memory is capped (MEMORY_LIMIT_BYTES). The cost is
+    media time sampled per file, counted in the child's own time: a busy machine slows a child
+    without failing its file); a child's memory is capped (MEMORY_LIMIT_BYTES). The cost is
     a fork per file and a pickled copy of each sample. Warnings the child logs reach this
     process's ``ffai.media`` logger.
 

@@ -36,7 +36,10 @@ log = logging.getLogger("ffai.media")
 # Bounds on a decoder child (Decoder): each answer (a probe, an image, the next sample, the
 # end) must come within STEP_TIMEOUT_S, and a whole file within FILE_TIMEOUT_S plus
 # REALTIME_FACTOR times the media time sampled so far, so that no file can hang a run, however
-# it is damaged, while a long clip keeps the time its length needs.
+# it is damaged, while a long clip keeps the time its length needs. The seconds are the
+# child's own: the time it works (its CPU time, at most the clock's) or is blocked, never the
+# time it waits for a CPU (``Child._time_left``). A child the machine keeps waiting, while other
+# processes have the CPUs, is slow, not hung.
 STEP_TIMEOUT_S = 60.0
 FILE_TIMEOUT_S = 120.0
 REALTIME_FACTOR = 5.0
@@ -48,9 +51,12 @@ MEMORY_LIMIT_BYTES = 8 << 30
 # A live source that delivers no video for this long (--stall-timeout) has stalled; the default
 # covers a sender's start-up and a network's hiccups, and is far below STEP_TIMEOUT_S.
 STALL_TIMEOUT_S = 10.0
-# Test-only: "crash:NAME" or "hang:NAME" makes the child decoding the file named NAME die of
-# SIGSEGV, or stop answering, as a decoder crash or hang would (probing it is left alone).
+# Test-only: "crash:NAME", "hang:NAME" or "spin:NAME" makes the child decoding the file named
+# NAME die of SIGSEGV, or stop answering, blocked or looping on a CPU, as a decoder crash or
+# hang would (probing it is left alone).
 FAULT_ENV = "FFAI_TEST_DECODER_FAULT"
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100  # /proc's unit of CPU time
+_RECHECK_S = 1.0  # how often a parent waiting for an answer counts the child's time (Child._time_left)
 
 
 @dataclass(frozen=True)
@@ -181,6 +187,31 @@ def serve_forks(fd: int) -> None:
         control.send(pid)
 
 
+def _stat(path: str) -> list[bytes]:
+    """The fields of a /proc stat file after the command name: [0] the state, [11] and [12]
+    utime and stime in clock ticks (proc(5) fields 3, 14, 15)."""
+    with open(path, "rb") as f:
+        return f.read().rsplit(b")", 1)[1].split()
+
+
+def cpu_usage(pid: int) -> tuple[float, bool] | None:
+    """CPU seconds process `pid` has used (user and system, all its threads) and whether one of
+    its threads is ready to run (running, or waiting for a CPU); None where the system does not
+    say (no /proc), and then the bounds count plain time."""
+    try:
+        fields = _stat(f"/proc/{pid}/stat")
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except (OSError, IndexError):
+        return None
+    runnable = False
+    for task in tasks:
+        try:
+            runnable = runnable or _stat(f"/proc/{pid}/task/{task}/stat")[0] == b"R"
+        except (OSError, IndexError):  # the thread ended as it was read
+            continue
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS, runnable
+
+
 def op_answers(op: str, file: Path | str, args: tuple, conn, fds: tuple[int, ...], settings: list) -> Iterator:
     """What a decoder computes for `op` on `file` (checked, or a live source's name), one answer
     a step: a probe, an image, the samples. The same in a child and in a Decoder that runs in
@@ -208,7 +239,8 @@ class _LogToParent(logging.Handler):
 def _child_main(conn, op: str, file: Path | str, args: tuple, fds: tuple[int, ...] = ()) -> None:
     """A decoder child's life: run `op` and send its answers, one for each "next" asked,
     until it is exhausted, fails, or the parent hangs up. Each answer carries the seconds the
-    child spent on it, so time the parent spent elsewhere does not count against the file."""
+    child worked on it, so time the parent spent elsewhere, and time the machine spent on other
+    processes, does not count against the file."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     # libtiff and FFmpeg print damage reports straight to fd 2; the parent reports in one line.
     devnull = os.open(os.devnull, os.O_WRONLY)
@@ -236,11 +268,13 @@ def _child_main(conn, op: str, file: Path | str, args: tuple, fds: tuple[int, ..
                 continue
             if message != "next":
                 return
-            started = time.monotonic()
+            started, cpu_started = time.monotonic(), time.process_time()
             if fault == f"crash:{name}":
                 os.kill(os.getpid(), signal.SIGSEGV)
             if fault == f"hang:{name}":
                 time.sleep(3600)
+            while fault == f"spin:{name}":
+                pass
             try:
                 answer = next(answers)
             except StopIteration:
@@ -249,7 +283,9 @@ def _child_main(conn, op: str, file: Path | str, args: tuple, fds: tuple[int, ..
             except BaseException as e:
                 conn.send(("raise", _portable(e), traceback.format_exc()))
                 return
-            conn.send(("answer", answer, time.monotonic() - started))
+            # Its own CPU time (all threads), at most the clock's: not the time it waited for a CPU.
+            spent = min(time.process_time() - cpu_started, time.monotonic() - started)
+            conn.send(("answer", answer, spent))
     except (EOFError, BrokenPipeError):  # the parent is done with this file
         return
 
@@ -284,8 +320,10 @@ class Child:
             self.pid, self.conn = self.server.fork((op, file, args), fds)
         except (EOFError, OSError) as e:  # the server is gone: no file can be read
             raise FfaiError(f"cannot start a decoder process for {self.file} (its fork server exited: {e})") from e
-        self.busy = 0.0  # seconds the child spent on the answers so far
+        self.busy = 0.0  # seconds the child worked on the answers so far
         self.asked: float | None = None
+        self.charged = 0.0  # seconds counted against the answer being waited for (_time_left)
+        self.seen_at, self.cpu_seen = 0.0, 0.0  # when the child's CPU time was last read, and what it was
         self.heard = 0.0  # when the child last said video is arriving (live sources)
         self.status: int | None = None
 
@@ -293,7 +331,8 @@ class Child:
         """Ask for the next answer now, so the child works while the caller does."""
         if self.asked is None:
             self.conn.send("next")
-            self.asked = time.monotonic()
+            self.asked = self.seen_at = time.monotonic()
+            self.charged, self.cpu_seen = 0.0, (cpu_usage(self.pid) or (0.0, False))[0]
 
     def configure(self, args: tuple) -> None:
         """Tell a live source's child how to sample (after its probe)."""
@@ -311,12 +350,14 @@ class Child:
         except OSError:  # it died before it was asked
             raise MediaError(f"{self.file}: the decoder crashed ({self._death()})") from None
         budget = self.bounds.file_timeout + self.bounds.realtime_factor * media_time - self.busy
-        file_deadline = self.asked + budget
         while True:
-            deadline = min(max(self.asked, self.heard) + self.step_timeout, file_deadline)
-            if not self.conn.poll(max(0.0, deadline - time.monotonic())):
-                self.close()
-                raise MediaError(self._timeout_message(deadline < file_deadline))
+            if not self.conn.poll():  # nothing yet: count the time since the last look, then wait
+                step, file = self._time_left(budget)
+                if min(step, file) <= 0:
+                    self.close()
+                    raise MediaError(self._timeout_message(step <= file))
+                self.conn.poll(min(step, file, _RECHECK_S))
+                continue
             try:
                 kind, *rest = self.conn.recv()
             except (EOFError, OSError):
@@ -339,6 +380,25 @@ class Child:
             if isinstance(error, FfaiError):
                 raise error
             raise error from _ChildTraceback(child_traceback)
+
+    def _time_left(self, budget: float) -> tuple[float, float]:
+        """Seconds left of this answer's step bound and of the file's budget. Since it was asked,
+        the child is charged the time it was blocked and the CPU time it worked (all threads, at
+        most the clock's), never the time it waited for a CPU; where the system does not say
+        (``cpu_usage``), plain time. A live source's step bound is the source's silence, in
+        plain time (``--stall-timeout``)."""
+        now = time.monotonic()
+        usage = cpu_usage(self.pid)
+        if usage is None:
+            self.charged = now - self.asked
+        else:
+            cpu, runnable = usage
+            elapsed, worked = now - self.seen_at, cpu - self.cpu_seen
+            self.charged += min(worked, elapsed) if runnable or worked > 0 else elapsed
+            self.seen_at, self.cpu_seen = now, cpu
+        if self.live:
+            return max(self.asked, self.heard) + self.step_timeout - now, budget - self.charged
+        return self.step_timeout - self.charged, budget - self.charged
 
     def _timeout_message(self, step: bool) -> str:
         if step and self.live:
