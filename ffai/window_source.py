@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Generic, Iterable, Iterator, TypeVar
+from typing import TYPE_CHECKING, Callable, Generic, Iterator, TypeVar
 
 from ffai import media, sheet
 from ffai.cues import Cue
@@ -125,8 +125,3 @@ class InOrder(Generic[T]):
             due.append(self._held.pop(self.released))
             self.released += 1
         return due
-
-    def in_order(self, results: Iterable[tuple[int, T]]) -> Iterator[T]:
-        """``(index, result)`` pairs as they finish → results in index order."""
-        for index, result in results:
-            yield from self.add(index, result)
