@@ -11,6 +11,7 @@ for in ``$FFAI_HOME/models/<name>`` only. Without ``--model``, ``default_model``
 from __future__ import annotations
 
 import os
+import re
 import sys
 from dataclasses import dataclass
 from importlib import resources
@@ -24,11 +25,48 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_HEX = re.compile(r"[0-9a-f]{8,63}")
+_FILE_KEYS = {"path", "size", "sha256", "sha256_prefix"}
+_KEYS = {"name", "engine", "hf_repo", "revision", "license", "description", "fallbacks", "files"}
+
+
 @dataclass(frozen=True)
 class ModelFile:
+    """One file of a checkpoint and what the manifest knows of it.
+
+    ``sha256`` pins the content; a file known only by a ``sha256_prefix``, or by nothing, is
+    checked against the hash the hub announces for it (``ffai.hub``), and the prefix as well.
+    ``size`` is None where the manifest does not know it (the hub's answer then says it).
+    """
+
     path: str
-    size: int
-    sha256: str
+    size: int | None
+    sha256: str | None
+    sha256_prefix: str | None = None
+
+    @property
+    def pin(self) -> str:
+        """How the manifest pins the content: "sha256", "sha256-prefix" or "none"."""
+        if self.sha256:
+            return "sha256"
+        return "sha256-prefix" if self.sha256_prefix else "none"
+
+    @classmethod
+    def from_table(cls, table: dict) -> "ModelFile":
+        unknown = set(table) - _FILE_KEYS
+        if unknown:
+            raise ValueError(f"unknown key {sorted(unknown)[0]!r} in a [[files]] entry")
+        path = str(table["path"])
+        size = table.get("size")
+        if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 0):
+            raise ValueError(f"{path}: size {size!r} is not a byte count")
+        sha256, prefix = table.get("sha256"), table.get("sha256_prefix")
+        if sha256 is not None and not _HEX64.fullmatch(str(sha256)):
+            raise ValueError(f"{path}: sha256 {sha256!r} is not 64 lowercase hex digits")
+        if prefix is not None and (sha256 is not None or not _HEX.fullmatch(str(prefix))):
+            raise ValueError(f"{path}: sha256_prefix {prefix!r} is not 8 to 63 lowercase hex digits beside no sha256")
+        return cls(path, size, sha256 and str(sha256), prefix and str(prefix))
 
 
 @dataclass(frozen=True)
@@ -40,16 +78,30 @@ class Manifest:
     license: str
     description: str
     files: tuple[ModelFile, ...]
+    # Models that stand in, in this order and with a notice, when this one is the engine's
+    # default and is not on the machine (before the bundled demo model).
+    fallbacks: tuple[str, ...] = ()
 
     @property
     def size(self) -> int:
-        return sum(f.size for f in self.files)
+        """The bytes the manifest knows of (every file's, when ``size_known``)."""
+        return sum(f.size or 0 for f in self.files)
+
+    @property
+    def size_known(self) -> bool:
+        return all(f.size is not None for f in self.files)
+
+    @property
+    def pinned(self) -> tuple[ModelFile, ...]:
+        return tuple(f for f in self.files if f.sha256)
 
     @classmethod
     def from_toml(cls, path: Path) -> "Manifest":
         try:
             data = tomllib.loads(path.read_text(encoding="utf-8"))
-            files = tuple(ModelFile(str(f["path"]), int(f["size"]), str(f["sha256"])) for f in data["files"])
+            unknown = set(data) - _KEYS
+            if unknown:
+                raise ValueError(f"unknown key {sorted(unknown)[0]!r}")
             return cls(
                 name=str(data["name"]),
                 engine=str(data["engine"]),
@@ -57,7 +109,8 @@ class Manifest:
                 revision=str(data["revision"]),
                 license=str(data["license"]),
                 description=str(data["description"]),
-                files=files,
+                files=tuple(ModelFile.from_table(f) for f in data["files"]),
+                fallbacks=tuple(str(n) for n in data.get("fallbacks", ())),
             )
         except (OSError, tomllib.TOMLDecodeError, KeyError, TypeError, ValueError) as e:
             raise ModelError(f"{path}: not a valid model manifest ({e})") from e
@@ -151,22 +204,30 @@ def resolve(spec: str) -> Path:
     raise ModelError(f"no model named {spec!r} (known: {known}); pass --model PATH to a checkpoint folder")
 
 
-def default_model(engine: str, engine_default: str) -> tuple[str, str | None]:
-    """The model to use when ``--model`` is not given, and a note to show when it is a fallback.
+def find(manifest: Manifest) -> Path | None:
+    """The folder holding ``manifest``'s model, or None when it is not on this machine."""
+    return next((c for c in candidates(manifest) if (c / "config.json").is_file()), None)
 
-    ``$FFAI_MODEL`` → the engine's default model if it is on this machine → a model bundled
-    with ffai for this engine (the small demo), with a note saying how to get the real one.
+
+def default_model(engine: str, engine_default: str) -> tuple[str, str | None]:
+    """The model to use when ``--model`` is not given, and a notice to show when it is a stand-in.
+
+    ``$FFAI_MODEL`` → the engine's default model if it is on this machine → the first of the
+    default manifest's ``fallbacks`` on this machine → a model bundled with ffai for this engine
+    (the small demo). A stand-in comes with a one-line notice naming it and how to get the default.
     """
     if os.environ.get("FFAI_MODEL"):
         return os.environ["FFAI_MODEL"], None
     default = find_manifest(engine_default)
-    if default is None or any((c / "config.json").is_file() for c in candidates(default)):
+    if default is None or find(default) is not None:
         return engine_default, None
+    get = f"`ffai models pull {engine_default}`"
+    for name in default.fallbacks:
+        stand_in = find_manifest(name)
+        if stand_in is not None and find(stand_in) is not None:
+            return name, f"{engine_default} is not on this machine; using {name} (get {engine_default} with {get})"
     for m in manifests():
         if m.engine == engine and not m.hf_repo and (bundled_dir() / m.name / "config.json").is_file():
-            note = (
-                f"{engine_default} is not on this machine; using the small bundled demo model {m.name} "
-                f"(get the real one with `ffai models pull {engine_default}`)"
-            )
-            return m.name, note
+            demo = f"using the small bundled demo model {m.name} (get the real one with {get})"
+            return m.name, f"{engine_default} is not on this machine; {demo}"
     return engine_default, None

@@ -60,6 +60,10 @@ def sha(path: str) -> str:
     return hashlib.sha256(CONTENT[path]).hexdigest()
 
 
+def checks(results) -> list[tuple[str, str]]:
+    return [(r.path, r.status) for r in results]
+
+
 def test_endpoint_and_url(monkeypatch):
     monkeypatch.setenv("HF_ENDPOINT", "http://mirror.example/hf/")
     assert hub.endpoint() == "http://mirror.example/hf"
@@ -141,6 +145,7 @@ def test_corrupt_download_is_refused_and_removed(server):
     bad = bytearray(CONTENT[WEIGHTS])
     bad[1000] ^= 0xFF
     server.add(REPO, "main", WEIGHTS, bytes(bad))
+    server.announce[WEIGHTS] = sha(WEIGHTS)  # the hub names the right file; the bytes are not it
     with pytest.raises(ModelError) as info:
         hub.pull(MANIFEST)
     message = str(info.value)
@@ -152,6 +157,7 @@ def test_corrupt_download_is_refused_and_removed(server):
 
 def test_wrong_size_is_refused(server):
     server.add(REPO, "main", WEIGHTS, CONTENT[WEIGHTS] + b"extra")
+    server.announce[WEIGHTS] = sha(WEIGHTS)
     with pytest.raises(ModelError, match="size mismatch"):
         hub.pull(MANIFEST)
     assert not any(name.startswith(sha(WEIGHTS)) for name in blob_names())
@@ -204,7 +210,7 @@ def test_verify_reports_each_file(server):
     with pytest.raises(ModelError, match="ffai models pull tiny-vlm"):
         hub.verify(MANIFEST)
     snapshot = hub.pull(MANIFEST)
-    assert hub.verify(MANIFEST) == [(path, "ok") for path in CONTENT]
+    assert checks(hub.verify(MANIFEST)) == [(path, "ok") for path in CONTENT]
 
     blob = (snapshot / WEIGHTS).resolve()
     data = bytearray(blob.read_bytes())
@@ -213,7 +219,7 @@ def test_verify_reports_each_file(server):
     (snapshot / "sub/tokenizer.json").resolve().write_bytes(b"{}")
     (snapshot / "config.json").resolve().unlink()  # the link dangles: a missing file
     # config.json is gone, so the model is no longer found: point verify at the folder.
-    assert hub.verify(MANIFEST, snapshot) == [
+    assert checks(hub.verify(MANIFEST, snapshot)) == [
         ("config.json", "missing"),
         (WEIGHTS, "sha256 mismatch"),
         ("sub/tokenizer.json", "size mismatch"),
@@ -224,7 +230,7 @@ def test_pull_repairs_a_corrupt_blob(server):
     snapshot = hub.pull(MANIFEST)
     (snapshot / WEIGHTS).resolve().write_bytes(b"garbage")
     assert hub.pull(MANIFEST) == snapshot
-    assert hub.verify(MANIFEST) == [(path, "ok") for path in CONTENT]
+    assert checks(hub.verify(MANIFEST)) == [(path, "ok") for path in CONTENT]
 
 
 def test_verify_prefers_ffai_home(server, tmp_path):
@@ -233,7 +239,7 @@ def test_verify_prefers_ffai_home(server, tmp_path):
         (folder / path).parent.mkdir(parents=True, exist_ok=True)
         (folder / path).write_bytes(body)
     assert models.locate(MANIFEST) == folder
-    assert hub.verify(MANIFEST) == [(path, "ok") for path in CONTENT]
+    assert checks(hub.verify(MANIFEST)) == [(path, "ok") for path in CONTENT]
 
 
 def test_remote_shorter_than_the_partial_is_refused(server):
