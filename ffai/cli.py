@@ -136,32 +136,60 @@ def _human_size(n: int) -> str:
     return f"{n:.1f} GB"
 
 
+def _pinning(files: list[dict]) -> str:
+    """How many files the manifest pins by sha256, then how many of the others were verified against the hub."""
+    rest = [f for f in files if f["pin"] != "sha256"]
+    text = f"{len(files) - len(rest)}/{len(files)}"
+    if rest:
+        text += f", hub {sum(f['verified'] == 'hub' for f in rest)}/{len(rest)}"
+    return text
+
+
 @models_app.command("list")
 def models_list(as_json: AsJson = False) -> None:
-    """Known models: engine, licence, size and where each was found."""
-    from ffai import models
+    """Known models: engine, licence, size, what the manifest pins and where each was found."""
+    from ffai import models, verification
 
     rows = []
     for m in models.manifests():
-        try:
-            where = str(models.locate(m))
-        except FfaiError:
-            where = None
-        rows.append({"name": m.name, "engine": m.engine, "license": m.license, "size": m.size, "path": where})
+        folder = models.find(m)
+        verified = verification.verified_against(m, folder) if folder else {}
+        files = [
+            {"path": f.path, "size": f.size, "sha256": f.sha256, "sha256_prefix": f.sha256_prefix, "pin": f.pin}
+            | {"verified": verified.get(f.path)}
+            for f in m.files
+        ]
+        rows.append(
+            {
+                "name": m.name,
+                "engine": m.engine,
+                "license": m.license,
+                "size": m.size,
+                "size_known": m.size_known,
+                "path": str(folder) if folder else None,
+                "pinned": sum(f.pin == "sha256" for f in m.files),
+                "hub_verified": [f["path"] for f in files if f["pin"] != "sha256" and f["verified"] == "hub"],
+                "files": files,
+            }
+        )
     if as_json:
         typer.echo(json.dumps(rows, indent=2, ensure_ascii=False))
         return
-    table = Table(title="ffai models")
-    for column in ("name", "engine", "licence", "size", "found at"):
+    caption = "sha256 pinned: files the manifest pins; hub: of the others, those verified against the hub's hash"
+    table = Table(title="ffai models", caption=caption)
+    for column in ("name", "engine", "licence", "size", "sha256 pinned", "found at"):
         table.add_column(column)
     for r in rows:
-        table.add_row(r["name"], r["engine"], r["license"], _human_size(r["size"]), r["path"] or "missing")
+        size = _human_size(r["size"]) + ("" if r["size_known"] else " +")
+        table.add_row(r["name"], r["engine"], r["license"], size, _pinning(r["files"]), r["path"] or "missing")
     Console(highlight=False).print(table)
 
 
-def _manifest(name: str):
-    from ffai import models
+def _manifest(name: str | None):
+    from ffai import models, registry
 
+    # No name: the default engine's default model (what `ffai caption` uses once it is here).
+    name = name or registry.get_engine().info.default_model
     manifest = models.find_manifest(name)
     if manifest is None:
         known = ", ".join(m.name for m in models.manifests())
@@ -170,7 +198,11 @@ def _manifest(name: str):
 
 
 @models_app.command("pull")
-def models_pull(name: ModelName) -> None:
+def models_pull(
+    name: Annotated[
+        Optional[str], typer.Argument(help="Model name (see `ffai models list`; default: the default model).")
+    ] = None,
+) -> None:
     """Download a model into the Hugging Face cache, resuming and verifying sha256."""
     from rich.progress import BarColumn, DownloadColumn, TextColumn, TransferSpeedColumn
     from rich.progress import Progress as RichProgress
@@ -179,7 +211,7 @@ def models_pull(name: ModelName) -> None:
 
     manifest = _manifest(name)
     if not manifest.hf_repo:
-        raise UsageError(f"{name} ships with ffai; there is nothing to download")
+        raise UsageError(f"{manifest.name} ships with ffai; there is nothing to download")
     bar = RichProgress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -202,13 +234,13 @@ def models_pull(name: ModelName) -> None:
 
 @models_app.command("verify")
 def models_verify(name: ModelName) -> None:
-    """Re-hash a model's files on disk against its manifest."""
+    """Re-hash a model's files on disk (against the manifest, or the hub's recorded hash) and record the result."""
     from ffai import hub
 
     results = hub.verify(_manifest(name))
-    for path, status in results:
-        typer.echo(f"{status:16} {path}")
-    bad = [path for path, status in results if status != "ok"]
+    for r in results:
+        typer.echo(f"{r.status:16} {r.against or '-':9} {r.path}")
+    bad = [r.path for r in results if r.status != "ok"]
     if bad:
         raise FfaiError(f"{name}: {len(bad)} of {len(results)} files failed verification")
 
@@ -231,7 +263,15 @@ def caption(
     ] = None,
     fmt: Annotated[
         Optional[str],
-        typer.Option("-f", "--format", help="srt, vtt, json, jsonl, txt or html (default: from -o, else txt)."),
+        typer.Option(
+            "-f",
+            "--format",
+            help="srt, vtt, json, jsonl, txt or html; or mkv, mp4, mov, webm: the video with the captions as a subtitle stream (default: from -o, else txt).",
+        ),
+    ] = None,
+    language: Annotated[
+        Optional[str],
+        typer.Option("--language", help="Language of the subtitle stream of an mkv/mp4/mov/webm output (default: und)."),
     ] = None,
     partial: Annotated[
         bool,
@@ -379,6 +419,7 @@ def caption(
         retries=retries,
         make_backend=make_backend,
         partial=partial,
+        language=language,
     )
     if failed:
         raise typer.Exit(1)

@@ -60,7 +60,7 @@ def model_digests(folder: Path) -> dict[str, str]:
     for manifest in models.manifests():
         try:
             if models.locate(manifest).resolve() == folder.resolve():
-                pinned = {f.path: (f.size, f.sha256) for f in manifest.files}
+                pinned = {f.path: (f.size, f.sha256) for f in manifest.files if f.sha256}
                 break
         except ModelError:  # not on this machine: not the folder in use
             continue

@@ -166,9 +166,7 @@ def verify(manifest: Manifest, folder: Path) -> list[FileCheck]:
 
 
 def verified_against(manifest: Manifest, folder: Path) -> dict[str, str | None]:
-    """Per file, without hashing: "manifest" for a pinned file, "hub" for one the record says was
-    checked against the hub's hash, None for one nothing has checked yet."""
+    """Per file, without hashing, what the record says it was last checked against ("manifest"
+    or "hub"); None where the record has no line for it (or there is no record)."""
     recorded = read_record(folder)
-    return {
-        f.path: "manifest" if f.pin == "sha256" else ("hub" if f.path in recorded else None) for f in manifest.files
-    }
+    return {f.path: recorded.get(f.path, {}).get("against") for f in manifest.files}

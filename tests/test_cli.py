@@ -63,7 +63,7 @@ def test_install_hints_in_help_keep_their_extras():
 def test_engines_table_lists_smolvlm():
     proc = ffai("engines")
     assert proc.returncode == 0, proc.stderr
-    for word in ("smolvlm", "vlm", "smolvlm-256m-instruct"):
+    for word in ("smolvlm", "vlm", "smolvlm2-256m-video-instruct"):
         assert word in proc.stdout
 
 
@@ -74,7 +74,7 @@ def test_engines_json():
     smol = next(e for e in engines if e["name"] == "smolvlm")
     assert smol["task"] == "vlm"
     assert smol["status"] in ("experimental", "stable")
-    assert smol["default_model"] == "smolvlm-256m-instruct"
+    assert smol["default_model"] == "smolvlm2-256m-video-instruct"
     assert set(smol) == {"name", "task", "status", "description", "default_model", "fast_dtypes"}
     assert smol["fast_dtypes"][0] == "float32" and set(smol["fast_dtypes"]) <= {"float32", "bfloat16", "int8"}
 
@@ -139,7 +139,7 @@ def test_unknown_model_names_pull(tmp_path):
     assert (
         proc.stderr.count("\n") == 1
         and "smolvlm-demo" in proc.stderr
-        and "ffai models pull smolvlm-256m-instruct" in proc.stderr
+        and "ffai models pull smolvlm2-256m-video-instruct" in proc.stderr
     )
     proc = ffai("caption", "-i", str(image), "--model", str(tmp_path), env=env)
     assert_one_line_error(proc, 1, "no config.json")

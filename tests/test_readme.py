@@ -154,7 +154,7 @@ def test_readme_fallback_warning_is_the_one_ffai_prints(tmp_path, monkeypatch):
     monkeypatch.delenv("FFAI_MODEL", raising=False)
     monkeypatch.setenv("FFAI_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
-    name, note = models.default_model("smolvlm", "smolvlm-256m-instruct")
+    name, note = models.default_model("smolvlm", "smolvlm2-256m-video-instruct")
     assert name == "smolvlm-demo" and note
     assert f"ffai: warning: {note}\n" in README
 

@@ -18,7 +18,7 @@ INFO = EngineInfo(
     # stable: gated token for token against transformers (tests/test_smolvlm_*.py, oracle marker)
     status="stable",
     description="SmolVLM / Idefics3 in plain PyTorch: SigLIP tower, pixel-shuffle connector, llama text tower",
-    default_model="smolvlm-256m-instruct",
+    default_model="smolvlm2-256m-video-instruct",
 )
 
 STILL_PROMPT = "Describe this image."
