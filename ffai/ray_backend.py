@@ -1,20 +1,20 @@
 """``ffai caption --ray``: caption many inputs on a Ray cluster; the driver still writes.
 
-Ray Core, not Ray Data (docs/corpus-and-ray.md says why, docs/benchmarks.md measures it): each input is
-decoded by a streaming-generator task (``ffai.ray_workers.decode_input``: probe, then one
-object per window, held back once ``DECODE_AHEAD`` wait unread), and each window is captioned
-by one of a pool of ``EngineActor`` s, each hosting the engine's whole pipeline with its
-weights loaded once. This driver only moves object references: windows travel from the decode
-task to an actor without passing through it, and it keeps at most ``in_flight`` windows
-between decoded and answered across the cluster, so its memory does not grow with the corpus.
-It turns the answers into ``InputEvent`` s, each input's cues in timeline order, once each
-(``ffai.input_events``); ``ffai.jobs`` writes them.
+Ray runs the one window path (``ffai.window_source``) with its parts placed on the cluster
+(Ray Core, not Ray Data: docs/corpus-and-ray.md says why, docs/benchmarks.md measures it). Each
+input's window source runs in a streaming-generator task (``ffai.ray_workers.decode_input``:
+probe, then one object per window, held back once ``DECODE_AHEAD`` wait unread); the engine's
+stages run on a pool of actors (``ffai.ray_pool.ActorPool``, the runner, as the ``Coordinator``
+is locally); and this driver releases each input's answers in timeline order (``InOrder``) as
+``InputEvent`` s (``ffai.input_events``), which ``ffai.jobs`` writes. It only moves object
+references: windows travel from the decode task to an actor without passing through it, and at
+most ``in_flight`` windows are between decoded and answered across the cluster, so its memory
+does not grow with the corpus.
 
-Faults: Ray runs each call at most once here (no restarts, no task retries), and this driver
-decides. A window whose actor died goes to another actor, and a new actor replaces the dead
-one; an input whose decode task or decoded windows were lost (a node gone) is decoded again,
-its windows already answered skipped; past ``MAX_ATTEMPTS`` the input fails as transient, for
-the driver's own retries.
+Faults: Ray runs each call at most once here (no restarts, no task retries). The pool sends a
+window whose actor died to another actor and replaces the actor; an input whose decode task or
+decoded windows were lost (a node gone) is decoded again here, its windows already answered
+skipped; past ``MAX_ATTEMPTS`` the input fails as transient, for the driver's own retries.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from ffai.captioning import Captioner, CaptionOptions
 from ffai.errors import FfaiError, UsageError
 from ffai.input_events import InputEvent
 from ffai.media import MediaInfo, is_live, is_url, source_label
+from ffai.ray_pool import ACTOR_IN_FLIGHT, START_TIMEOUT_S, ActorPool, Lost, Outcome, cause_line, classify_fault
 from ffai.ray_workers import EngineActor, Failed, WindowResult, decode_input
 from ffai.window_source import InOrder, answered_cue
 
@@ -41,9 +42,7 @@ INSTALL_HINT = "pip install 'ffai[ray]'"
 LOCAL = "local"  # --ray local: start a Ray of our own on this machine, stop it afterwards
 AUTO = "auto"  # --ray alone: $RAY_ADDRESS, else a cluster started here with `ray start --head`
 DECODE_AHEAD = 2  # windows a decode task may have ready before it waits for the driver to read them
-ACTOR_IN_FLIGHT = 2  # windows per actor: one computing, one waiting, so an actor never idles
 MAX_ATTEMPTS = 3  # decodes of one input before it fails as transient
-START_TIMEOUT_S = 300.0  # for the first engine actor to load (a cluster may be adding a node)
 LOCAL_OBJECT_STORE_BYTES = 1 << 30  # a local Ray reserves 30 % of memory for objects unless capped
 
 
@@ -128,16 +127,6 @@ class _Input:
     finished: bool = False
 
 
-@dataclass
-class _Slot:
-    """One actor of the pool (or its replacement, while it starts)."""
-
-    actor: Any
-    ready: bool = False
-    busy: int = 0
-    starting: Any = None  # its ready() call while it starts
-
-
 class RayBackend:
     """A ``Backend`` (``ffai.input_events``) on a Ray cluster.
 
@@ -167,17 +156,14 @@ class RayBackend:
         self.engine_name = self.captioner.engine.info.name
         self.model_name = self.captioner.model_name
         self.plan: ActorPlan | None = None
-        self._slots: list[_Slot] = []
+        self.pool: ActorPool | None = None
         self._connected = False
         self._joined = False  # this process was connected to Ray before: leave it connected
         self._entered = 0
         self._decode_s = 0.0
         self._windows = 0
-        # What faults cost, for the tests and the curious: windows sent again to another actor,
-        # and decodes started again for inputs lost with a node.
-        self.windows_resent = 0
+        # Decodes started again for inputs lost with a node (what faults cost, for the tests).
         self.inputs_redecoded = 0
-        self.actors_replaced = 0
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -205,12 +191,9 @@ class RayBackend:
         self._entered = 0
         if not self._connected:
             return
-        for slot in self._slots:
-            try:
-                ray.kill(slot.actor, no_restart=True)
-            except Exception:  # already dead, or the cluster is gone: nothing left to stop
-                pass
-        self._slots = []
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
         self._connected = False
         if not self._joined:
             ray.shutdown()  # stops a local Ray we started; disconnects from any other
@@ -257,26 +240,12 @@ class RayBackend:
         return [n["Resources"].get("CPU", 0.0) for n in self._ray.nodes() if n.get("Alive")]
 
     def _start_actors(self) -> None:
-        ray = self._ray
-        gpus = ray.cluster_resources().get("GPU", 0.0)
+        gpus = self._ray.cluster_resources().get("GPU", 0.0)
         self.plan = plan_resources(self._node_cpus(), gpus, self.options.runtime.device, self.resources)
-        self._slots = [_Slot(self._new_actor()) for _ in range(self.plan.actors)]
-        for slot in self._slots:
-            slot.starting = slot.actor.ready.remote()
-        # The run starts with the first actor up; the others join as they finish loading. An
-        # actor the cluster has no room for waits for it (an autoscaler may add a node), but
-        # not forever.
-        starting = {slot.starting: slot for slot in self._slots}
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not any(slot.ready for slot in self._slots):
-            ready, _ = ray.wait(list(starting), num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
-            if not ready:
-                p = self.plan
-                raise FfaiError(
-                    f"--ray: no engine actor ({p.cpus:g} CPUs, {p.gpus:g} GPUs each) could start on the Ray cluster "
-                    f"within {START_TIMEOUT_S:g} s; it may be full: see --ray-cpus-per-actor and --ray-actors"
-                )
-            _mark_loaded(ray, starting.pop(ready[0]), ready[0])
+        asks = f"{self.plan.cpus:g} CPUs, {self.plan.gpus:g} GPUs each"
+        self.pool = ActorPool(self._ray, self._new_actor, self.plan.actors, asks)
+        # The run starts with the first actor up; the others join as they finish loading.
+        self.pool.start()
 
     def _new_actor(self) -> Any:
         ray, plan, c = self._ray, self.plan, self.captioner
@@ -296,32 +265,40 @@ class RayBackend:
         """Wait up to ``timeout`` seconds for every actor to load; how many are up. A run starts
         with the first actor and the others join as they load; a caller that wants the whole pool
         from the first window (the node fault test) calls this first."""
-        ray = self._ray
-        starting = {slot.starting: slot for slot in self._slots if slot.starting is not None}
-        if starting:
-            ready, _ = ray.wait(list(starting), num_returns=len(starting), timeout=timeout)
-            for ref in ready:
-                _mark_loaded(ray, starting[ref], ref)
-        return sum(1 for slot in self._slots if slot.ready)
+        return self._started().wait_until_loaded(timeout)
 
     def actors_working(self) -> int:
         """How many actors are up and hold windows right now (the node fault test waits for
         every actor to hold some before it removes a node)."""
-        return sum(1 for slot in self._slots if slot.ready and slot.busy > 0)
+        return self._started().working()
 
     def actor_pids(self) -> list[int]:
         """The actors' process ids (the fault tests kill one)."""
-        return [pid for pid, _ in self._ray.get([s.actor.ready.remote() for s in self._slots if s.ready])]
+        return self._started().pids()
+
+    @property
+    def windows_resent(self) -> int:
+        """Windows sent again to another actor after theirs died."""
+        return self.pool.windows_resent if self.pool else 0
+
+    @property
+    def actors_replaced(self) -> int:
+        return self.pool.actors_replaced if self.pool else 0
 
     def stage_rates(self) -> dict[str, tuple[float, int]]:
         """Seconds and windows per stage, summed over the actors still alive, and decoding's."""
         totals: dict[str, list[float]] = {"decode": [self._decode_s, self._windows]}
-        for stats in self._ray.get([s.actor.stage_seconds.remote() for s in self._slots if s.ready]):
+        for stats in self._started().stage_seconds():
             for name, (seconds, calls) in stats.items():
                 total = totals.setdefault(name, [0.0, 0])
                 total[0] += seconds
                 total[1] += calls
         return {name: (seconds, int(calls)) for name, (seconds, calls) in totals.items()}
+
+    def _started(self) -> ActorPool:
+        if self.pool is None:
+            raise FfaiError("the Ray backend is not started: use it in a with block")
+        return self.pool
 
     # -- running --------------------------------------------------------------------------
 
@@ -330,24 +307,24 @@ class RayBackend:
 
 
 class _Run:
-    """One call of ``RayBackend.run``: the loop that feeds decode tasks, windows and actors."""
+    """One call of ``RayBackend.run``: each input decoded by a task on the cluster (the window
+    source, ``ffai.window_source.window_items``), its windows captioned by the actor pool (the
+    runner) and its answers released in timeline order (``InOrder``), as in a local run. What is
+    Ray's own: several inputs decode at once to keep every actor fed, and an input whose decode
+    task or windows were lost with a node is decoded again, its answered windows skipped."""
 
     def __init__(self, backend: RayBackend, inputs: Sequence[tuple[int, str]]) -> None:
         self.backend = backend
         self.ray = backend._ray
+        self.pool = backend._started()
         self.todo = deque(inputs)
         self.open: list[_Input] = []
-        self.waiting: deque[tuple[_Input, int, int, Any]] = deque()  # windows decoded, no actor yet
-        self.pending: dict[Any, tuple] = {}  # object ref or generator -> what it is
-        slots = len(backend._slots)
-        self.in_flight = max(backend.options.max_in_flight, ACTOR_IN_FLIGHT * slots)
+        self.generators: dict[Any, tuple[_Input, int]] = {}  # decode task -> (input, attempt)
+        self.in_flight = max(backend.options.max_in_flight, ACTOR_IN_FLIGHT * backend.plan.actors)
         # Inputs decoding at once: enough to keep every actor fed (1 or 3 measured the same here).
-        self.max_open = slots + 1
-        self.replacements = 2 * slots + 2  # new actors for dead ones, at most, in this run
-        for slot in backend._slots:
-            if slot.starting is not None:
-                self.pending[slot.starting] = ("actor", slot)
-        options = backend.options
+        self.max_open = backend.plan.actors + 1
+        self.pool.begin(wanted=lambda tag: not tag[0].finished and tag[2] not in tag[0].results)
+        self.options = backend.options
         self.decode = self.ray.remote(decode_input).options(
             num_cpus=0,
             num_returns="streaming",
@@ -355,7 +332,6 @@ class _Run:
             scheduling_strategy="SPREAD",
             _generator_backpressure_num_objects=DECODE_AHEAD,
         )
-        self.options = options
 
     def events(self) -> Iterator[InputEvent]:
         try:
@@ -369,9 +345,12 @@ class _Run:
                     item = _Input(job, source)
                     self.open.append(item)
                     self._decode(item)
-                self._dispatch()
                 for ref in self._wait():
-                    yield from self._handle(ref)
+                    if self.pool.owns(ref):
+                        for (item, attempt, index), outcome in self.pool.done(ref):
+                            yield from self._answered(item, attempt, index, outcome)
+                    elif ref in self.generators:
+                        yield from self._read(*self.generators.pop(ref), ref)
                 for item in [i for i in self.open if i.finished]:
                     self.open.remove(item)
         finally:
@@ -389,42 +368,17 @@ class _Run:
         item.read = 0
         item.total = None  # counted again by this attempt's generator
         item.generator = self.decode.remote(item.source, self.options, os.getcwd())
-        self.pending[item.generator] = ("generator", item, item.attempt)
-
-    def _windows_in_flight(self) -> int:
-        return len(self.waiting) + sum(1 for what in self.pending.values() if what[0] == "window")
+        self.generators[item.generator] = (item, item.attempt)
 
     def _wait(self) -> list[Any]:
-        reading = self._windows_in_flight() < self.in_flight
-        refs = [ref for ref, what in self.pending.items() if reading or what[0] != "generator"]
+        # Decode tasks are read only while the windows between decoded and answered are fewer
+        # than in_flight: the driver's memory does not grow with the corpus.
+        reading = self.pool.in_flight < self.in_flight
+        refs = [*self.pool.refs(), *(self.generators if reading else ())]
         if not refs:
             return []
         ready, _ = self.ray.wait(refs, num_returns=1, timeout=0.5)
         return ready
-
-    def _dispatch(self) -> None:
-        """Hand waiting windows to the least busy ready actors."""
-        while self.waiting:
-            ready = [s for s in self.backend._slots if s.ready and s.busy < ACTOR_IN_FLIGHT]
-            if not ready:
-                return
-            slot = min(ready, key=lambda s: s.busy)
-            item, attempt, index, window_ref = self.waiting.popleft()
-            if item.finished or index in item.results:
-                continue
-            slot.busy += 1
-            answer = slot.actor.caption.remote(window_ref)
-            self.pending[answer] = ("window", item, attempt, index, window_ref, slot, slot.actor)
-
-    def _handle(self, ref: Any) -> Iterator[InputEvent]:
-        what = self.pending.pop(ref)
-        kind, item = what[0], what[1]
-        if kind == "generator":
-            yield from self._read(item, what[2], ref)
-        elif kind == "window":
-            yield from self._answered(ref, *what[1:])
-        elif kind == "actor":
-            self._actor_ready(ref, what[1])
 
     def _read(self, item: _Input, attempt: int, generator: Any) -> Iterator[InputEvent]:
         ray = self.ray
@@ -439,7 +393,7 @@ class _Run:
         except ray.exceptions.RayError as e:
             yield from self._lost(item, e)
             return
-        self.pending[generator] = ("generator", item, attempt)
+        self.generators[generator] = (item, attempt)
         if item.read == 0 or ref == generator.completed():
             # The probe's answer, or the task's own end: an error when it failed (a node lost
             # mid-input), which is then its last object, not a window.
@@ -447,8 +401,8 @@ class _Run:
             try:
                 head = ray.get(ref)
             except ray.exceptions.RayError as e:
-                if _fault(ray, e) == "failed":
-                    yield self._fail(item, _cause(e))
+                if classify_fault(ray, e) == "failed":
+                    yield self._fail(item, cause_line(e))
                 else:
                     yield from self._lost(item, e)
                 return
@@ -461,37 +415,20 @@ class _Run:
         index = item.read - 1
         item.read += 1
         if index not in item.results:
-            self.waiting.append((item, attempt, index, ref))
+            self.pool.submit((item, attempt, index), ref)
 
-    def _answered(
-        self, ref: Any, item: _Input, attempt: int, index: int, window_ref: Any, slot: _Slot, actor: Any
-    ) -> Iterator[InputEvent]:
-        ray = self.ray
-        if slot.actor is actor:  # not an answer owed by an actor since replaced
-            slot.busy -= 1
-        try:
-            result = ray.get(ref)
-        except ray.exceptions.RayError as e:
-            fault = _fault(ray, e)
-            if fault == "actor":
-                if slot.actor is actor:
-                    self._replace(slot)
-                if not item.finished:
-                    self.backend.windows_resent += 1
-                    self.waiting.appendleft((item, attempt, index, window_ref))
-                return
-            if fault == "lost":  # the window's object, or the task making it, is lost with its node
-                if attempt == item.attempt and not item.finished:
-                    yield from self._lost(item, e)
-                return
-            result = Failed(_cause(e))
+    def _answered(self, item: _Input, attempt: int, index: int, outcome: Outcome) -> Iterator[InputEvent]:
+        if isinstance(outcome, Lost):  # the window's object, or the task making it, is lost with its node
+            if attempt == item.attempt and not item.finished:
+                yield from self._lost(item, outcome.error)
+            return
         if item.finished or index in item.results:
             return
-        if isinstance(result, WindowResult):
-            self.backend._decode_s += result.decode_s
+        if isinstance(outcome, WindowResult):
+            self.backend._decode_s += outcome.decode_s
             self.backend._windows += 1
-            result = answered_cue(result.timing, result.answer)
-        yield from self._emit(item, item.results.add(index, result))
+            outcome = answered_cue(outcome.timing, outcome.answer)
+        yield from self._emit(item, item.results.add(index, outcome))
 
     def _emit(self, item: _Input, due: Sequence[Any] = ()) -> Iterator[InputEvent]:
         """Events for the input's results now due in timeline order (cues, or a failure that
@@ -514,59 +451,13 @@ class _Run:
 
     def _lost(self, item: _Input, error: BaseException) -> Iterator[InputEvent]:
         """The input's decode task or its windows were lost: decode it again, or give up."""
-        self.pending.pop(item.generator, None)
+        self.generators.pop(item.generator, None)
         if item.attempt >= MAX_ATTEMPTS:
             reason = " ".join(str(error).split())[:200]
             yield self._fail(item, f"{item.source}: lost on the Ray cluster: {reason}", transient=True)
             return
         self.backend.inputs_redecoded += 1
         self._decode(item)
-
-    def _replace(self, slot: _Slot) -> None:
-        """Start a new actor in place of a dead one; it takes windows once it has loaded."""
-        if not slot.ready:
-            return  # already being replaced
-        slot.ready = False
-        slot.busy = 0
-        self._restart(slot)
-
-    def _restart(self, slot: _Slot) -> None:
-        try:
-            self.ray.kill(slot.actor, no_restart=True)  # unreachable, maybe not dead: it must not come back
-        except Exception:
-            pass
-        if self.replacements == 0:
-            if not any(s.ready for s in self.backend._slots):
-                raise FfaiError("every Ray actor running the engine died")
-            return
-        self.replacements -= 1
-        self.backend.actors_replaced += 1
-        slot.actor = self.backend._new_actor()
-        slot.starting = slot.actor.ready.remote()
-        self.pending[slot.starting] = ("actor", slot)
-
-    def _actor_ready(self, ref: Any, slot: _Slot) -> None:
-        if slot.starting != ref:
-            return
-        slot.starting = None
-        try:
-            _, error = self.ray.get(ref)
-        except self.ray.exceptions.RayError:
-            # Its process or node died while it loaded (not the engine refusing): start another.
-            self._restart(slot)
-            return
-        if error is None:
-            slot.ready = True
-        elif not any(s.ready for s in self.backend._slots):
-            raise FfaiError(f"a new Ray actor for the engine failed to start: {error}")
-
-
-def _mark_loaded(ray: Any, slot: _Slot, ref: Any) -> None:
-    """The slot's actor answered its ``ready()`` (``ref``): up, or its engine's load error raised."""
-    _, error = ray.get(ref)
-    if error is not None:
-        raise FfaiError(error)
-    slot.ready, slot.starting = True, None
 
 
 @contextmanager
@@ -595,26 +486,6 @@ def _check_reachable(address: str, timeout: float = 5.0) -> None:
         socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
     except OSError as e:
         raise FfaiError(f"--ray: cannot reach the Ray cluster at {address} ({e.strerror or e})") from e
-
-
-def _fault(ray: Any, error: BaseException) -> str:
-    """What a Ray error means here: ``"actor"`` (the actor running the call died: send the
-    window elsewhere), ``"lost"`` (a node, worker or object is gone: decode the input again) or
-    ``"failed"`` (the code itself raised: the input fails, as it would locally)."""
-    cause = getattr(error, "cause", None)
-    if isinstance(error, ray.exceptions.RayActorError) or isinstance(cause, ray.exceptions.RayActorError):
-        return "actor"
-    if isinstance(error, ray.exceptions.RayTaskError) and not isinstance(cause, ray.exceptions.RayError):
-        return "failed"
-    return "lost"
-
-
-def _cause(error: Any) -> str:
-    """The one-line reason of an exception raised in a task or an actor."""
-    cause = getattr(error, "cause", None) or error
-    if isinstance(cause, FfaiError):
-        return " ".join(str(cause).split())
-    return " ".join(f"{type(cause).__name__}: {cause}".split())
 
 
 def _silence_ray_loggers() -> None:
