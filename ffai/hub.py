@@ -191,9 +191,12 @@ def _expected(url: str, file: ModelFile) -> _Expected:
             "refusing a file nothing can verify"
         )
     size = file.size if file.size is not None else answer.size
-    if size is None or (answer.size is not None and answer.size != size):
-        said = "no size" if answer.size is None else f"{answer.size} bytes"
-        raise ModelError(f"{file.path}: the hub announced {said} at {url}, the manifest says {file.size}")
+    if size is None:
+        raise ModelError(f"{file.path}: the hub announced no size for it at {url}, and the manifest has none")
+    if answer.size is not None and answer.size != size:
+        raise ModelError(
+            f"{file.path}: size mismatch (expected {size} bytes, the hub announces {answer.size}) at {url}"
+        )
     lfs = len(announced) == 64
     if file.sha256_prefix and not (lfs and announced.startswith(file.sha256_prefix)):
         raise ModelError(

@@ -31,7 +31,9 @@ _GIT_SHA1 = re.compile(r"[0-9a-f]{40}")
 @dataclass(frozen=True)
 class FileCheck:
     path: str
-    status: str  # "ok", "missing", "unreadable", "size mismatch", "sha256 mismatch", "no hash known"
+    # "ok", "missing", "unreadable", "size mismatch", "sha256 mismatch" (the manifest's sha256 or
+    # prefix), "hub hash mismatch" (the hash the hub announced), "no hash known"
+    status: str
     against: str | None  # "manifest" or "hub" when ok
 
 
@@ -146,7 +148,7 @@ def check(path: Path, file: ModelFile, recorded: dict | None) -> tuple[FileCheck
     if recorded and recorded.get("size") != size:
         return FileCheck(file.path, "size mismatch", None), None
     if not found.matches(reference):
-        return FileCheck(file.path, "sha256 mismatch", None), None
+        return FileCheck(file.path, "hub hash mismatch", None), None
     return FileCheck(file.path, "ok", "hub"), entry(size, sha256, "hub", hub or reference)
 
 

@@ -3,8 +3,8 @@
 It serves bytes from memory, answers ``Range: bytes=N-`` with 206 like the hub's CDN, answers
 HEAD, records every request it sees, and announces each file's hash as the hub does: an LFS file
 (``*.safetensors``, ``*.bin``, ``*.onnx``, or those named in ``lfs``) by ``X-Linked-Etag: "<sha256>"``
-and ``X-Linked-Size``, another by ``ETag: "<git blob sha1>"``, on the resolve route's answer (the
-302 when redirecting); the "CDN" sends an ETag of its own (an md5, as S3 does), which is not the
+and ``X-Linked-Size``, another by ``ETag: "<git blob sha1>"``, on the resolve route's answer (for
+an LFS file, the 302 when redirecting; the hub serves other files itself); the "CDN" sends an ETag of its own (an md5, as S3 does), which is not the
 hub's. It can misbehave on purpose: cut a body short once, ignore Range, redirect to a "CDN" (on
 the same or another host name), answer with an error status, or announce another hash or none.
 """
@@ -32,7 +32,8 @@ class Seen:
 class HubServer:
     files: dict[str, bytes] = field(default_factory=dict)  # "org/name/resolve/rev/path" -> body
     commit: str | None = None  # sent as X-Repo-Commit by the resolve route
-    redirect: str | None = None  # None, "same" (127.0.0.1) or "cross" (localhost): 302 to /cdn/...
+    # None, "same" (127.0.0.1) or "cross" (localhost): LFS files get a 302 to /cdn/..., as on the hub
+    redirect: str | None = None
     ignore_range: bool = False
     cut_after: dict[str, int] = field(default_factory=dict)  # file path -> bytes sent, once
     status: dict[str, int] = field(default_factory=dict)  # file path -> forced HTTP status
@@ -87,7 +88,7 @@ def _handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
             route = unquote(urlsplit(self.path).path).lstrip("/")
             if route.startswith("cdn/"):
                 self._send_file(route[len("cdn/") :], body)
-            elif hub.redirect:
+            elif hub.redirect and hub.is_lfs(_name(route)):
                 key = route
                 if hub.files.get(key) is None or hub.status.get(_name(key), 200) != 200:
                     self._send_file(key, body)  # the hub answers an error itself, as the real one does

@@ -9,10 +9,10 @@ import random
 
 import pytest
 
-from ffai import hub, models
+from ffai import hub, models, verification
 from ffai.errors import ModelError
 from ffai.models import Manifest, ModelFile
-from hub_server import HubServer
+from hub_server import HubServer, git_blob_sha1
 
 REPO = "test-org/tiny-vlm"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -111,7 +111,8 @@ def test_pull_through_redirect_keeps_commit_and_token_on_host(server, monkeypatc
     assert snapshot.name == COMMIT  # X-Repo-Commit came on the 302 only
     resolve = [s for s in server.requests if not s.path.startswith("/cdn/")]
     cdn = [s for s in server.requests if s.path.startswith("/cdn/")]
-    assert len(resolve) == len(cdn) == len(CONTENT)
+    # Only the LFS file goes to the CDN, as on the hub, which serves small files itself.
+    assert len(resolve) == len(CONTENT) and [s.path for s in cdn] == [f"/cdn/{REPO}/resolve/main/{WEIGHTS}"]
     assert all(s.headers.get("Authorization") == "Bearer hf_secret" for s in resolve)
     assert not any("Authorization" in s.headers for s in cdn)
 
@@ -259,3 +260,158 @@ def test_finished_partial_is_renamed_without_a_request(server):
     snapshot = hub.pull(MANIFEST)
     assert not any(WEIGHTS in s.path for s in server.requests)
     assert (snapshot / WEIGHTS).read_bytes() == CONTENT[WEIGHTS]
+
+
+# Files the manifest does not pin: the weights known by a sha256 prefix, a tokenizer by nothing.
+TOKENIZER = "sub/tokenizer.json"
+
+
+def unpinned_manifest(prefix: str | None = None) -> Manifest:
+    files = (
+        ModelFile("config.json", len(CONTENT["config.json"]), sha("config.json")),
+        ModelFile(WEIGHTS, len(CONTENT[WEIGHTS]), None, prefix or sha(WEIGHTS)[:8]),
+        ModelFile(TOKENIZER, None, None),
+    )
+    return Manifest("tiny-vlm", "smolvlm", REPO, "main", "Apache-2.0", "test checkpoint", files)
+
+
+UNPINNED = unpinned_manifest()
+
+
+def nothing_written_for(path: str) -> bool:
+    """No blob, partial or snapshot link for ``path``'s content, and no record."""
+    snapshot = models.hf_snapshot(REPO, "main")
+    left = [n for n in blob_names() if n.startswith((sha(path), git_blob_sha1(CONTENT[path])))]
+    return not left and not (snapshot / path).exists() and not (snapshot / verification.RECORD).exists()
+
+
+@pytest.mark.parametrize("redirect", [None, "cross"])
+def test_unpinned_files_are_checked_against_the_hubs_hash_and_recorded(server, redirect):
+    server.redirect = redirect
+    snapshot = hub.pull(UNPINNED)
+    # huggingface_hub's question (HEAD) for the two files the manifest does not pin, and only them.
+    assert sorted(server.heads()) == sorted(f"/{REPO}/resolve/main/{p}" for p in (WEIGHTS, TOKENIZER))
+    for path, body in CONTENT.items():
+        assert (snapshot / path).read_bytes() == body
+    assert blob_names() == sorted(sha(p) for p in CONTENT)
+    record = json.loads((snapshot / verification.RECORD).read_text())
+    assert record["revision"] == "main" and record["hf_repo"] == REPO
+    lines = record["files"]
+    assert (lines["config.json"]["against"], lines["config.json"]["hub"]) == ("manifest", None)
+    # An LFS file is announced by its sha256, another by its git blob sha1.
+    assert (lines[WEIGHTS]["against"], lines[WEIGHTS]["hub"]) == ("hub", sha(WEIGHTS))
+    assert (lines[TOKENIZER]["against"], lines[TOKENIZER]["hub"]) == ("hub", git_blob_sha1(CONTENT[TOKENIZER]))
+    assert all(lines[p]["sha256"] == sha(p) and lines[p]["size"] == len(CONTENT[p]) for p in CONTENT)
+    assert [(r.path, r.status, r.against) for r in hub.verify(UNPINNED)] == [
+        ("config.json", "ok", "manifest"),
+        (WEIGHTS, "ok", "hub"),
+        (TOKENIZER, "ok", "hub"),
+    ]
+    seen = len(server.requests)
+    assert hub.pull(UNPINNED) == snapshot  # the record vouches for them: nothing is asked again
+    assert len(server.requests) == seen
+
+
+def test_hub_announcing_other_content_than_the_pin_is_refused_before_writing(server):
+    other = "f" * 64
+    server.announce[WEIGHTS] = other
+    with pytest.raises(ModelError) as info:
+        hub.pull(MANIFEST)
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(f"{WEIGHTS}: the hub announces sha256 {other} at ")
+    assert message.endswith(f"but the manifest pins {sha(WEIGHTS)}; nothing was written")
+    assert nothing_written_for(WEIGHTS)
+
+
+@pytest.mark.parametrize("path", [WEIGHTS, TOKENIZER])
+def test_unpinned_download_unlike_the_hubs_hash_is_deleted(server, path):
+    bad = bytearray(CONTENT[path])
+    bad[3] ^= 0xFF
+    server.add(REPO, "main", path, bytes(bad))  # same size; the hub still announces the original
+    server.announce[path] = sha(path) if path == WEIGHTS else git_blob_sha1(CONTENT[path])
+    with pytest.raises(ModelError) as info:
+        hub.pull(UNPINNED)
+    message = str(info.value)
+    kind = "sha256 mismatch" if path == WEIGHTS else "git blob sha1 mismatch"
+    assert message.startswith(f"{path}: {kind}") and message.endswith("the download was deleted")
+    assert nothing_written_for(path)
+
+
+def test_prefix_must_match_the_sha256_the_hub_announces(server):
+    with pytest.raises(
+        ModelError, match=r"not a sha256 beginning with the manifest's 00000000; nothing was downloaded"
+    ):
+        hub.pull(unpinned_manifest(prefix="00000000"))
+    assert not any(s.method == "GET" and s.path.endswith(WEIGHTS) for s in server.requests)
+    assert nothing_written_for(WEIGHTS)
+
+
+def test_unpinned_file_the_hub_announces_no_hash_for_is_refused(server):
+    server.announce[TOKENIZER] = None
+    with pytest.raises(ModelError, match="the manifest pins no sha256 and the hub announced none"):
+        hub.pull(UNPINNED)
+    assert nothing_written_for(TOKENIZER)
+
+
+def test_unpinned_weights_resume_under_the_announced_sha256(server):
+    server.redirect = "cross"
+    server.cut_after[WEIGHTS] = 120_000
+    with pytest.raises(ModelError, match="run the pull again to resume"):
+        hub.pull(UNPINNED)
+    assert (repo_dir() / "blobs" / (sha(WEIGHTS) + ".incomplete")).stat().st_size == 120_000
+    snapshot = hub.pull(UNPINNED)
+    cdn = [s for s in server.requests if s.path.startswith("/cdn/") and s.method == "GET"]
+    assert cdn[-1].headers["Range"] == "bytes=120000-" and set(server.ranges()) == {"bytes=120000-"}
+    assert (snapshot / WEIGHTS).read_bytes() == CONTENT[WEIGHTS]
+
+
+def test_verify_keeps_the_hubs_hash_when_a_file_goes_bad_and_pull_repairs_it(server):
+    snapshot = hub.pull(UNPINNED)
+    blob = (snapshot / TOKENIZER).resolve()
+    blob.write_bytes(blob.read_bytes().replace(b"1.0", b"2.0"))  # same size, other content
+    weights = (snapshot / WEIGHTS).resolve()
+    weights.write_bytes(b"\0" + weights.read_bytes()[1:])
+    assert checks(hub.verify(UNPINNED)) == [
+        ("config.json", "ok"),
+        (WEIGHTS, "sha256 mismatch"),  # its prefix no longer matches
+        (TOKENIZER, "hub hash mismatch"),
+    ]
+    recorded = verification.read_record(snapshot)
+    assert recorded[TOKENIZER]["hub"] == git_blob_sha1(CONTENT[TOKENIZER]) and recorded[WEIGHTS]["sha256"] == sha(
+        WEIGHTS
+    )
+    hub.pull(UNPINNED)
+    assert checks(hub.verify(UNPINNED)) == [(path, "ok") for path in CONTENT]
+
+
+def test_verify_has_no_hash_for_an_unpinned_file_nothing_checked(server):
+    folder = models.ffai_home() / "models" / "tiny-vlm"
+    for path, body in CONTENT.items():
+        (folder / path).parent.mkdir(parents=True, exist_ok=True)
+        (folder / path).write_bytes(body)
+    assert checks(hub.verify(UNPINNED)) == [
+        ("config.json", "ok"),
+        (WEIGHTS, "no hash known"),
+        (TOKENIZER, "no hash known"),
+    ]
+    assert verification.read_record(folder).keys() == {"config.json"}
+
+
+def test_verify_a_snapshot_huggingface_hub_downloaded(server, monkeypatch):
+    """A copy huggingface_hub (transformers) downloaded has no record of ours: its blob names are
+    the hashes the hub announced (this server, as huggingface_hub reads it), which verify uses."""
+    huggingface_hub = pytest.importorskip("huggingface_hub")
+    monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
+    server.redirect = "cross"
+    for path in CONTENT:
+        huggingface_hub.hf_hub_download(
+            REPO, path, revision="main", cache_dir=str(models.hf_hub_cache()), endpoint=server.url
+        )
+    snapshot = models.locate(UNPINNED)
+    assert os.readlink(snapshot / TOKENIZER).endswith(git_blob_sha1(CONTENT[TOKENIZER]))
+    assert [(r.status, r.against) for r in hub.verify(UNPINNED)] == [("ok", "manifest"), ("ok", "hub"), ("ok", "hub")]
+    assert verification.read_record(snapshot)[TOKENIZER]["hub"] == git_blob_sha1(CONTENT[TOKENIZER])
+    seen = len(server.requests)
+    assert hub.pull(UNPINNED) == snapshot
+    assert len(server.requests) == seen
