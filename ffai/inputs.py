@@ -16,7 +16,8 @@ output pattern is the input's folder relative to that root).
   folder or glob as above. Relative lines are relative to the list file's folder, so a list
   means the same from any working directory. The root of a list's inputs is the deepest folder
   holding all of them.
-- ``-`` (stdin) and URLs (anything with ``://``) pass through untouched.
+- ``-`` (stdin) and URLs (anything with ``://``) pass through untouched; a ``file://`` URL is
+  the file it names for output patterns and ``--resume`` (``Input.path``).
 
 The same file named twice (by two globs, a folder and a file ...) is captioned once, where it
 first appears.
@@ -30,6 +31,7 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 from ffai.errors import UsageError
+from ffai.media import local_path
 from ffai.tracks import FORMATS
 
 # A folder's files of these kinds are tracks (ffai's own outputs), not media.
@@ -42,9 +44,15 @@ class Input:
     source: str  # what the backend opens: a path, "-" or a URL
     root: str  # the folder ``{reldir}`` is relative to
 
+    @property
+    def path(self) -> str | None:
+        """The file this input is on this machine (a ``file://`` URL's path), None for a stream."""
+        path = local_path(self.source)
+        return None if path is None else str(path)
+
 
 def is_stream(spec: str) -> bool:
-    """``-`` or a URL: not a path ffai can list, glob or stat."""
+    """``-`` or a URL: not a path ffai can list or glob."""
     return spec == "-" or "://" in spec
 
 
@@ -54,7 +62,7 @@ def expand(specs: Sequence[str]) -> list[Input]:
     inputs = []
     for spec in specs:
         for item in _expand_one(spec):
-            key = item.source if is_stream(item.source) else os.path.realpath(item.source)
+            key = os.path.realpath(item.path) if item.path else item.source
             if key not in seen:
                 seen.add(key)
                 inputs.append(item)
@@ -63,7 +71,8 @@ def expand(specs: Sequence[str]) -> list[Input]:
 
 def _expand_one(spec: str) -> list[Input]:
     if is_stream(spec):
-        return [Input(spec, "")]
+        path = local_path(spec)
+        return [Input(spec, _file_root(str(path)) if path else "")]
     if spec.startswith("@") and len(spec) > 1:
         return _from_list(spec[1:])
     return _from_path(spec, base=None)
@@ -153,8 +162,8 @@ def _from_list(list_path: str) -> list[Input]:
             found += _from_path(entry, base=base or ".")
     if not found:
         raise UsageError(f"@{list_path}: the list names no input")
-    root = _common_folder(item.source for item in found if not is_stream(item.source))
-    return [item if is_stream(item.source) else Input(item.source, root) for item in found]
+    root = _common_folder(item.path for item in found if item.path)
+    return [Input(item.source, root) if item.path else item for item in found]
 
 
 def _common_folder(paths: Iterable[str]) -> str:
@@ -164,6 +173,6 @@ def _common_folder(paths: Iterable[str]) -> str:
 
 def reldir(item: Input) -> str:
     """The input's folder relative to its root (``.`` at the root itself)."""
-    if is_stream(item.source):
+    if not item.path:
         return "."
-    return os.path.relpath(os.path.dirname(os.path.abspath(item.source)), os.path.abspath(item.root or "."))
+    return os.path.relpath(os.path.dirname(os.path.abspath(item.path)), os.path.abspath(item.root or "."))

@@ -83,7 +83,7 @@ def plan_jobs(inputs: Sequence[input_specs.Input], output: str | None, fmt: str 
 
 
 def _fill(pattern: str, item: input_specs.Input) -> str:
-    p = os.path.normpath(item.source) if not input_specs.is_stream(item.source) else item.source
+    p = os.path.normpath(item.path) if item.path else item.source  # a file:// URL's file, not the URL
     stem, _ = os.path.splitext(os.path.basename(p))
     try:
         filled = pattern.format(

@@ -27,6 +27,7 @@ from typing import IO, Any
 from ffai import hub, models
 from ffai.captioning import CaptionOptions, ResolvedModel
 from ffai.errors import ModelError, OutputError
+from ffai.media import local_path
 
 DEFAULT_NAME = "ffai-run.jsonl"
 
@@ -46,6 +47,7 @@ SETTING_FLAGS = {
     "top_p": "--top-p",
     "top_k": "--top-k",
     "seed": "--seed",
+    "window_as": "--window-as",
     "dtype": "--dtype",
     "device": "--device",
     "format": "the track format (-f or -o's extension)",
@@ -82,6 +84,8 @@ def settings(options: CaptionOptions, model: ResolvedModel, fmt: str) -> dict[st
     """What decides the bytes of an output, as plain JSON values (see the module docstring)."""
     d = options.decoding
     files = model_digests(model.folder)
+    # Only where given: a run from before --window-as existed then reads as the same settings.
+    window_as = {} if d.window_as is None else {"window_as": d.window_as}
     return {
         "engine": model.engine.info.name,
         "model": model.name,
@@ -100,6 +104,7 @@ def settings(options: CaptionOptions, model: ResolvedModel, fmt: str) -> dict[st
         "dtype": options.runtime.dtype,
         "device": options.runtime.device,
         "format": fmt,
+        **window_as,
     }
 
 
@@ -116,10 +121,14 @@ def changed_settings(old: dict[str, Any] | None, new: dict[str, Any]) -> list[st
 
 
 def file_identity(path: str) -> tuple[int | None, float | None]:
-    """(size, mtime) of an input, or (None, None) for a stream or a missing file."""
+    """(size, mtime) of an input (a ``file://`` URL's file), or (None, None) for a stream or a
+    missing file."""
+    file = local_path(path)
     try:
-        st = os.stat(path)
+        st = os.stat(file) if file is not None else None
     except (OSError, ValueError):
+        return None, None
+    if st is None:
         return None, None
     return st.st_size, st.st_mtime
 

@@ -54,3 +54,32 @@ def test_a_file_url_to_another_machine_or_no_file_is_one_line(capsys, tiny_check
     code, out, err = caption(capsys, "file:///no%20such/clip.mp4", tiny_checkpoint)
     assert (code, out) == (1, "")
     assert err == "ffai: error: file:///no%20such/clip.mp4: /no such/clip.mp4: no such file\n"
+
+
+def test_a_file_url_fills_output_patterns_and_resumes_as_its_file(capsys, clip, tiny_checkpoint, tmp_path):
+    """``{stem}``/``{parent}`` are the named file's, decoded (not the URL's text), and --resume
+    knows the file: done and unchanged is skipped, touched is captioned again."""
+    url = clip.as_uri()
+    out = tmp_path / "tracks"
+    out.mkdir()
+    pattern = str(out / "{stem}.srt")
+    record = str(tmp_path / "run.jsonl")
+    code, _, err = caption(capsys, url, tiny_checkpoint, "-f", "srt", "-o", pattern, "--resume", "--run-log", record)
+    assert code == 0, err
+    track = out / "day #1 at 50%.srt"
+    assert [p.name for p in out.iterdir()] == [track.name]
+    first = track.read_bytes()
+    track.write_bytes(b"kept")  # a skipped input's output is left alone
+    code, _, err = caption(capsys, url, tiny_checkpoint, "-f", "srt", "-o", pattern, "--resume", "--run-log", record)
+    assert code == 0, err
+    assert track.read_bytes() == b"kept"
+    clip.touch()  # changed since it was captioned: refused naming why, redone with -y
+    code, _, err = caption(capsys, url, tiny_checkpoint, "-f", "srt", "-o", pattern, "--resume", "--run-log", record)
+    assert (code, err.splitlines()[-1]) == (
+        1,
+        f"ffai: error: {track}: written with other settings (the input file changed); use -y to redo it, or another -o",
+    )
+    flags = ("-f", "srt", "-o", pattern, "--resume", "--run-log", record, "-y")
+    code, _, err = caption(capsys, url, tiny_checkpoint, *flags)
+    assert code == 0, err
+    assert track.read_bytes() == first

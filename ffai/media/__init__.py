@@ -69,6 +69,7 @@ from ffai.media.sources import (
     check_sampling,
     is_live,
     is_url,
+    local_path,
     source_label,
 )
 from ffai.media.streams import ANALYZE_S, DISCONTINUITY_S
@@ -93,6 +94,7 @@ __all__ = [
     "encoder_available",
     "is_live",
     "is_url",
+    "local_path",
     "source_label",
     "video_encoder",
 ]

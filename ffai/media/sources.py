@@ -86,6 +86,19 @@ def path_of(source: str | Path) -> Path:
     return Path(os.fsdecode(urllib.parse.unquote_to_bytes(url.path)))
 
 
+def local_path(source: str | Path) -> Path | None:
+    """The file `source` is on this machine (a path, or a ``file://`` URL's path), or None for
+    standard input, a network URL or a ``file://`` URL naming another machine: what output
+    patterns (``{stem}``), ``--resume`` and duplicate inputs go by."""
+    name = str(source)
+    if name == STDIN or is_url(name):
+        return None
+    try:
+        return path_of(source)
+    except MediaError:
+        return None
+
+
 def check_file(path: str | Path) -> Path:
     """The regular, non-empty file `path` names (a path or a ``file://`` URL, ``path_of``), or
     a MediaError saying why not."""
