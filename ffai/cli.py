@@ -271,7 +271,9 @@ def caption(
     ] = None,
     language: Annotated[
         Optional[str],
-        typer.Option("--language", help="Language of the subtitle stream of an mkv/mp4/mov/webm output (default: und)."),
+        typer.Option(
+            "--language", help="Language of the subtitle stream of an mkv/mp4/mov/webm output (default: und)."
+        ),
     ] = None,
     partial: Annotated[
         bool,

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, Sequence
 
 from ffai import inputs as input_specs
-from ffai import messages, runlog
+from ffai import messages, mux, runlog
 from ffai.captioning import Captioner, CaptionOptions, Progress, ResolvedModel, resolve_model
 from ffai.cues import TrackHeader, creation_time
 from ffai.errors import FfaiError, OutputError, UsageError
@@ -119,16 +119,19 @@ def run_caption_jobs(
     retries: int = DEFAULT_RETRIES,
     make_backend: Callable[[CaptionOptions], Backend] | None = None,
     partial: bool = False,
+    language: str | None = None,
 ) -> int:
     """Caption every input; return how many failed. Raises only for errors that stop the
     whole run (bad flags, an unknown engine or model, outputs that may not be written, a
     pipeline that cannot start) — before any input is decoded. What it has to say goes to
     ``ffai.messages``: a failed input of several as an error, the summary of several inputs as
     notes at the end. ``make_backend(options)`` gives where the inputs are
-    captioned (default: ``LocalBackend``, this machine; ``--ray``: ``ffai.ray_backend``)."""
+    captioned (default: ``LocalBackend``, this machine; ``--ray``: ``ffai.ray_backend``).
+    ``language`` tags the subtitle stream of container outputs (``ffai.mux``)."""
     if retries < 0:
         raise UsageError("--retries must be 0 or more")
     jobs = plan_jobs(input_specs.expand(inputs), output, fmt)
+    _check_containers(jobs, language)
     # A track that shows the frames (html) needs thumbnails, made where the frames are.
     options = dataclasses.replace(options, thumbnails=any(wants_thumbnails(job.fmt) for job in jobs))
     for job in jobs if partial else ():
@@ -153,7 +156,7 @@ def run_caption_jobs(
             _make_folder(job.output)
         if not (job.overwrite or i in skip):
             check_output(job.output, False)
-    driver = _Driver(jobs, options, model, log, retries=retries, partial=partial)
+    driver = _Driver(jobs, options, model, log, retries=retries, partial=partial, language=language)
     # Made from the options as settled here (thumbnails, streamed answers); by default this machine.
     if make_backend is None:
         backend = LocalBackend(options, on_text=driver.show)
@@ -167,6 +170,20 @@ def run_caption_jobs(
         for line in driver.summary.lines():
             messages.note(line)
     return len(driver.summary.failed)
+
+
+def _check_containers(jobs: list[Job], language: str | None) -> None:
+    """Container outputs (``ffai.mux``): what can be told before the model loads. A single
+    input's file is also opened (headers only), so a still or a codec the container cannot hold
+    is refused now; a corpus's inputs are checked as each is opened, failing alone."""
+    containers = [job for job in jobs if mux.is_container(job.fmt)]
+    if language is not None and not containers:
+        raise UsageError("--language tags the subtitle stream of -o .mkv, .mp4, .mov or .webm outputs")
+    mux.check_language(language)
+    for job in containers:
+        mux.check_job(job.source, job.output, job.fmt)
+    if len(jobs) == 1 and containers and os.path.isfile(jobs[0].source):
+        mux.check_source(jobs[0].source, jobs[0].output, jobs[0].fmt)
 
 
 def _record_path(jobs: list[Job], output: str | None, run_log: str | None, resume: bool) -> str | None:
@@ -253,9 +270,11 @@ class _Driver:
         *,
         retries: int,
         partial: bool = False,
+        language: str | None = None,
     ) -> None:
         self.jobs = jobs
         self.partial = partial
+        self.language = language
         self.options = options
         self.model = model
         self.log = log
@@ -310,7 +329,16 @@ class _Driver:
         self._progress("started", info)
         try:
             header = self._header(info)
-            self.writers[i] = open_track(job.output, job.fmt, header, overwrite=job.overwrite, partial=self.partial)
+            self.writers[i] = open_track(
+                job.output,
+                job.fmt,
+                header,
+                overwrite=job.overwrite,
+                partial=self.partial,
+                start=self.options.start,
+                duration=self.options.duration,
+                language=self.language,
+            )
         except FfaiError as e:
             self.broken[i] = e
 

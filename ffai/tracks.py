@@ -293,13 +293,15 @@ FORMATS: tuple = tuple(_FORMAT_CLASSES)  # ("srt", "vtt", "json", "jsonl", "txt"
 
 def wants_thumbnails(fmt: str) -> bool:
     """Whether a track in ``fmt`` shows its cues' frames (``Cue.thumbnails``)."""
-    return _FORMAT_CLASSES[fmt].wants_thumbnails
+    return fmt in _FORMAT_CLASSES and _FORMAT_CLASSES[fmt].wants_thumbnails
 
 
 def may_show_answers(output: str | None, fmt: str, partial: bool) -> bool:
     """Whether a track may show answers while they are generated (``TrackWriter.show``), known
     before its input is probed: on a stream, with ``--partial`` or in a format whose blocks may
     begin with the cue's text (a still's txt)."""
+    if fmt not in _FORMAT_CLASSES:  # a container (ffai.mux) appears whole
+        return False
     streams = _FORMAT_CLASSES[fmt].streams_text is not TrackFormat.streams_text
     return (_is_stdout(output) or _is_device(output)) and (partial or streams)
 
@@ -309,16 +311,20 @@ def _is_stdout(output: str | None) -> bool:
 
 
 def resolve_format(output: str | None, fmt: str | None) -> str:
-    """``-f`` wins; else the output's extension; stdout without ``-f`` is txt."""
-    choices = ", ".join(FORMATS)
+    """``-f`` wins; else the output's extension; stdout without ``-f`` is txt. Besides the track
+    formats, the containers ``ffai.mux`` writes (mkv, mp4, mov, webm)."""
+    from ffai.mux import CONTAINERS  # ffai.mux builds on this module's sinks
+
+    known = FORMATS + tuple(CONTAINERS)
+    choices = ", ".join(known)
     if fmt is not None:
-        if fmt.lower() not in FORMATS:
+        if fmt.lower() not in known:
             raise UsageError(f"unknown format {fmt!r} (choose from {choices})")
         return fmt.lower()
     if _is_stdout(output):
         return "txt"
     ext = os.path.splitext(output)[1].lower().lstrip(".")
-    if ext not in FORMATS:
+    if ext not in known:
         found = f"extension '.{ext}'" if ext else "no extension"
         raise UsageError(f"{output}: cannot tell the track format from {found}; use -f ({choices})")
     return ext
@@ -427,6 +433,23 @@ class _FileSink:
         if self._file is not None:
             file, self._file = self._file, None
             file.close()
+
+    def create_temp(self) -> str:
+        """A new empty temporary file beside the target, for a writer that fills it by name
+        (``ffai.mux``) and then hands it to :meth:`place`."""
+        fd, temp = self._create_temp()
+        os.close(fd)
+        return temp
+
+    def place(self, temp: str) -> None:
+        """Make the finished ``temp`` the target (refused if it appeared meanwhile, without -y)."""
+        try:
+            self._place(temp)
+        except BaseException as e:
+            _remove_quietly(temp)
+            if isinstance(e, OSError):
+                raise OutputError(f"{self.path}: {e.strerror or e}") from e
+            raise
 
     def _create_temp(self) -> tuple[int, str]:
         folder, name = os.path.split(self._target)
@@ -596,11 +619,27 @@ def open_track(
     overwrite: bool,
     stream: IO[str] | None = None,
     partial: bool = False,
+    start: float = 0.0,
+    duration: float | None = None,
+    language: str | None = None,
 ) -> TrackWriter:
     """A writer for ``output`` (a path; ``None`` or ``"-"`` is ``stream``, default stdout);
-    ``partial`` adds ``--partial`` events (:func:`check_partial`).
+    ``partial`` adds ``--partial`` events (:func:`check_partial`). A container format (mkv,
+    mp4, mov, webm) gives ``ffai.mux``'s writer, which copies the input cut at ``start`` for
+    ``duration`` seconds and tags its subtitle stream with ``language``.
 
     Nothing is created here: the file appears at the first cue, or at ``close``."""
+    from ffai import mux  # built on this module's sinks
+
+    if mux.is_container(fmt):
+        if partial:
+            check_partial(output, fmt)
+        mux.check_job(header.source_path, output, fmt)
+        check_output(output, overwrite)
+        if _is_device(output):
+            raise OutputError(f"{output}: -f {fmt} writes a regular file, not a device")
+        sink = _FileSink(output, overwrite)
+        return mux.MuxWriter(sink, fmt, header, start=start, duration=duration, language=language)
     if fmt not in _FORMAT_CLASSES:
         raise UsageError(f"unknown format {fmt!r} (choose from {', '.join(FORMATS)})")
     check_output(output, overwrite)

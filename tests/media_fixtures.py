@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from fractions import Fraction
 from pathlib import Path
 
 import av
@@ -47,3 +48,88 @@ def expected_sample_times(
             picks.append(pick)
         n += 1
     return picks
+
+
+def make_av_clip(
+    path: str | Path,
+    seconds: float,
+    video: str,
+    audio: str | None,
+    *,
+    fps: int = 10,
+    size: tuple[int, int] = (64, 48),
+    pix_fmt: str = "yuv420p",
+    rotation: int = 0,
+    subtitles: Sequence[tuple[int, int, str]] = (),
+    options: dict[str, str] | None = None,
+) -> Path:
+    """A clip with a video stream (``video`` encoder, frame i drawing index i), an optional audio
+    stream (a 440 Hz tone, ``audio`` encoder) and optional subrip cues ``(start_ms, end_ms,
+    text)``, for the container tests: the streams ffai copies, made here, never downloaded."""
+    import numpy as np
+
+    from ffai.bench.sample_media import draw_frame
+
+    path = Path(path)
+    with av.open(str(path), "w") as container:
+        v = container.add_stream(video, rate=fps, options={"preset": "veryfast"} if video == "libx264" else {})
+        if video == "libx265":
+            v.options = {"preset": "ultrafast", "x265-params": "log-level=error"}
+        v.options.update(options or {})
+        v.width, v.height, v.pix_fmt = *size, pix_fmt
+        v.codec_context.gop_size = fps  # a keyframe every second, for -ss to land on
+        if rotation:
+            v.set_display_rotation(rotation)
+        a = None
+        if audio is not None:
+            rate = 48000 if audio == "libopus" else 16000
+            a = container.add_stream(audio, rate=rate, layout="mono")
+            a.metadata["language"] = "fra"
+        s = None
+        if subtitles:
+            s = container.add_stream("subrip")
+            s.codec_context.subtitle_header = b"[Script Info]\nScriptType: v4.00+\n\n[Events]\nFormat: Layer, Start, End, Style, Name, MarginL, MarginR, MarginV, Effect, Text\n"
+            s.metadata["language"] = "eng"
+        container.start_encoding()
+        for i in range(round(seconds * fps)):
+            frame = av.VideoFrame.from_ndarray(draw_frame(i, *size), format="rgb24")
+            frame.pts, frame.time_base = i, Fraction(1, fps)
+            container.mux(v.encode(frame))
+        container.mux(v.encode(None))
+        if a is not None:
+            block = 960 if audio == "libopus" else 1024
+            t = np.arange(round(seconds * a.rate), dtype=np.float32) / a.rate
+            tone = (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
+            fmt = "flt" if audio == "libopus" else "fltp"
+            for start in range(0, len(tone) - block + 1, block):
+                samples = tone[None, start : start + block]
+                frame = av.AudioFrame.from_ndarray(samples, format=fmt, layout="mono")
+                frame.sample_rate, frame.pts = a.rate, start
+                container.mux(a.encode(frame))
+            container.mux(a.encode(None))
+        for start_ms, end_ms, text in subtitles:
+            cue = av.subtitles.subtitle.SubtitleSet.create(
+                f"0,0,Default,,0,0,0,,{text}".encode(), 0, end_ms - start_ms, pts=start_ms
+            )
+            packet = s.codec_context.encode_subtitle(cue)
+            packet.time_base, packet.stream = Fraction(1, 1000), s
+            container.mux(packet)
+    return path
+
+
+def reencode_vp9(source: str | Path, path: str | Path, width: int) -> Path:
+    """``source``'s frames, scaled to ``width`` (height in proportion), as VP9 in WebM at the same
+    times: a WebM the browser plays, made from a clip that is not one (the bundled demo clip)."""
+    path = Path(path)
+    with av.open(str(source)) as src, av.open(str(path), "w") as dst:
+        video = src.streams.video[0]
+        height = round(video.height * width / video.width / 2) * 2
+        out = dst.add_stream("libvpx-vp9", rate=video.average_rate, options={"deadline": "realtime", "cpu-used": "8"})
+        out.width, out.height, out.pix_fmt = width, height, "yuv420p"
+        out.codec_context.time_base = video.time_base
+        for frame in src.decode(video):
+            scaled = frame.reformat(width=width, height=height, format="yuv420p")
+            scaled.pts, scaled.time_base = frame.pts, video.time_base
+            dst.mux(out.encode(scaled))
+        dst.mux(out.encode(None))
+    return path
