@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from ffai import models, registry
+from ffai import models, registry, verification
 
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = next((p for p in (ROOT.parent / "shared" / "reference", ROOT / "shared" / "reference") if p.is_dir()), None)
@@ -82,6 +82,21 @@ def test_sources_sizes_hashes_and_revision_are_the_manifests(name):
                 assert f"`{f.sha256_prefix}" in text and f"{f.size} bytes" in text, f.path
     revision = _REVISION.search(text)
     assert manifest.revision == (revision[1] if revision else "main")
+
+
+_BLOB = re.compile(r"^\| `([^`]+)` \| \d+ \| `[0-9a-f]{64}` \| `([0-9a-f]{40})` \|", re.M)
+
+
+@pytest.mark.parametrize("name", HUB_MODELS)
+def test_the_hubs_etag_of_a_small_file_is_the_git_blob_sha1_pull_checks(name):
+    """SOURCES.md gives each small file's git blob id, which is the hub's ETag for it (an
+    HF-derived lock file recorded those ETags): pull checks a download against it this way."""
+    folder = _reference(name)
+    blobs = _BLOB.findall((folder / "SOURCES.md").read_text(encoding="utf-8"))
+    assert blobs
+    for path, blob in blobs:
+        assert verification.digests(folder / path).matches(blob), path
+        assert verification.hub_hash(f'W/"{blob}"') == blob
 
 
 def test_the_reference_covers_every_hub_manifest():
