@@ -102,7 +102,7 @@ def pull(manifest: Manifest, *, progress: Progress | None = None) -> Path:
     report = progress or (lambda path, done, total: None)
     repo_dir = _repo_dir(manifest)
     current = models.hf_snapshot(manifest.hf_repo, manifest.revision)
-    recorded = verification.read_record(current)
+    recorded = verification.read_record(current, manifest)
     lines: dict[str, dict] = {}
     todo = []
     for f in manifest.files:

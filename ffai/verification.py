@@ -86,10 +86,13 @@ def needs_record(manifest: Manifest) -> bool:
     return any(f.pin != "sha256" for f in manifest.files)
 
 
-def read_record(folder: Path) -> dict[str, dict]:
-    """The files the record beside ``folder``'s checkpoint vouches for; {} without a readable one."""
+def read_record(folder: Path, manifest: Manifest) -> dict[str, dict]:
+    """The files the record beside ``folder``'s checkpoint vouches for; {} without a readable
+    record of this model at this revision (a record of another revision vouches for nothing)."""
     try:
         data = json.loads((folder / RECORD).read_text(encoding="utf-8"))
+        if (data["model"], data["hf_repo"], data["revision"]) != (manifest.name, manifest.hf_repo, manifest.revision):
+            return {}
         files = data["files"]
         return {str(k): v for k, v in files.items() if isinstance(v, dict) and isinstance(v.get("sha256"), str)}
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
@@ -155,7 +158,7 @@ def check(path: Path, file: ModelFile, recorded: dict | None) -> tuple[FileCheck
 def verify(manifest: Manifest, folder: Path) -> list[FileCheck]:
     """Re-hash each file of ``manifest`` in ``folder`` and, where the manifest does not pin
     every file, rewrite the record (a file that fails keeps the hub's hash it was recorded with)."""
-    recorded = read_record(folder)
+    recorded = read_record(folder, manifest)
     results, files = [], dict(recorded)
     for f in manifest.files:
         result, line = check(folder / f.path, f, recorded.get(f.path))
@@ -170,5 +173,5 @@ def verify(manifest: Manifest, folder: Path) -> list[FileCheck]:
 def verified_against(manifest: Manifest, folder: Path) -> dict[str, str | None]:
     """Per file, without hashing, what the record says it was last checked against ("manifest"
     or "hub"); None where the record has no line for it (or there is no record)."""
-    recorded = read_record(folder)
+    recorded = read_record(folder, manifest)
     return {f.path: recorded.get(f.path, {}).get("against") for f in manifest.files}

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
 import random
+import shutil
 
 import pytest
 
@@ -377,7 +379,7 @@ def test_verify_keeps_the_hubs_hash_when_a_file_goes_bad_and_pull_repairs_it(ser
         (WEIGHTS, "sha256 mismatch"),  # its prefix no longer matches
         (TOKENIZER, "hub hash mismatch"),
     ]
-    recorded = verification.read_record(snapshot)
+    recorded = verification.read_record(snapshot, UNPINNED)
     assert recorded[TOKENIZER]["hub"] == git_blob_sha1(CONTENT[TOKENIZER]) and recorded[WEIGHTS]["sha256"] == sha(
         WEIGHTS
     )
@@ -395,7 +397,7 @@ def test_verify_has_no_hash_for_an_unpinned_file_nothing_checked(server):
         (WEIGHTS, "no hash known"),
         (TOKENIZER, "no hash known"),
     ]
-    assert verification.read_record(folder).keys() == {"config.json"}
+    assert verification.read_record(folder, UNPINNED).keys() == {"config.json"}
 
 
 def test_verify_a_snapshot_huggingface_hub_downloaded(server, monkeypatch):
@@ -411,7 +413,20 @@ def test_verify_a_snapshot_huggingface_hub_downloaded(server, monkeypatch):
     snapshot = models.locate(UNPINNED)
     assert os.readlink(snapshot / TOKENIZER).endswith(git_blob_sha1(CONTENT[TOKENIZER]))
     assert [(r.status, r.against) for r in hub.verify(UNPINNED)] == [("ok", "manifest"), ("ok", "hub"), ("ok", "hub")]
-    assert verification.read_record(snapshot)[TOKENIZER]["hub"] == git_blob_sha1(CONTENT[TOKENIZER])
+    assert verification.read_record(snapshot, UNPINNED)[TOKENIZER]["hub"] == git_blob_sha1(CONTENT[TOKENIZER])
     seen = len(server.requests)
     assert hub.pull(UNPINNED) == snapshot
     assert len(server.requests) == seen
+
+
+def test_a_record_vouches_only_for_its_own_model_and_revision(server):
+    snapshot = hub.pull(UNPINNED)
+    folder = models.ffai_home() / "models" / "tiny-vlm"
+    shutil.copytree(snapshot, folder)  # real files (links followed) and the record: no blob names to fall back on
+    assert checks(hub.verify(UNPINNED, folder)) == [(path, "ok") for path in CONTENT]
+    other = dataclasses.replace(UNPINNED, revision="0" * 40)
+    assert checks(hub.verify(other, folder)) == [
+        ("config.json", "ok"),
+        (WEIGHTS, "no hash known"),
+        (TOKENIZER, "no hash known"),
+    ]
