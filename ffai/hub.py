@@ -128,15 +128,15 @@ def pull(manifest: Manifest, *, progress: Progress | None = None) -> Path:
         expected = _expected(url, f)
         if expected.sha256 and _is_good(blobs / expected.sha256, expected.size, expected.sha256):
             report(f.path, expected.size, expected.size)
-            sha256, commit = expected.sha256, None
+            sha256, commit, announced = expected.sha256, None, expected.hub
         else:
-            sha256, commit = _download(url, expected, blobs, report)
+            sha256, commit, announced = _download(url, expected, blobs, report)
         if commit and commit != manifest.revision:
             # Written at once, so a pull cut short later still names the same snapshot folder.
             _write_ref(repo_dir, manifest.revision, commit)
         fetched[f.path] = sha256
         against = "manifest" if f.sha256 else "hub"
-        lines[f.path] = verification.entry(expected.size, sha256, against, expected.hub)
+        lines[f.path] = verification.entry(expected.size, sha256, against, announced)
     snapshot = models.hf_snapshot(manifest.hf_repo, manifest.revision)
     for path, sha256 in fetched.items():
         _link(snapshot / path, blobs / sha256)
@@ -235,16 +235,16 @@ def _with_announcement(expected: _Expected, answer: _Answer, url: str) -> _Expec
     return replace(expected, git_sha1=announced, hub=expected.hub or announced)
 
 
-def _download(url: str, expected: _Expected, blobs: Path, report: Progress) -> tuple[str, str | None]:
+def _download(url: str, expected: _Expected, blobs: Path, report: Progress) -> tuple[str, str | None, str | None]:
     """Fetch ``url`` into ``blobs/<sha256>`` through ``blobs/<key>.incomplete``; return the
-    content's sha256 and the commit the hub reported."""
+    content's sha256, the commit the hub reported and the hash it announced."""
     blobs.mkdir(parents=True, exist_ok=True)
     part = blobs / (expected.key + ".incomplete")
     offset = part.stat().st_size if part.is_file() else 0
     if offset and offset == expected.size and expected.sha256 and sha256_file(part) == expected.sha256:
         os.replace(part, blobs / expected.sha256)  # a finished download whose rename was interrupted
         report(expected.path, expected.size, expected.size)
-        return expected.sha256, None
+        return expected.sha256, None, expected.hub
     if offset >= expected.size:
         part.unlink(missing_ok=True)
         offset = 0
@@ -275,7 +275,7 @@ def _download(url: str, expected: _Expected, blobs: Path, report: Progress) -> t
         part.unlink()
         raise ModelError(f"{expected.path}: {wrong}; the download was deleted")
     os.replace(part, blobs / found)
-    return found, answer.commit
+    return found, answer.commit, expected.hub
 
 
 def _request(url: str, method: str, offset: int = 0) -> urllib.request.Request:

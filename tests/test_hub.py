@@ -299,7 +299,9 @@ def test_unpinned_files_are_checked_against_the_hubs_hash_and_recorded(server, r
     record = json.loads((snapshot / verification.RECORD).read_text())
     assert record["revision"] == "main" and record["hf_repo"] == REPO
     lines = record["files"]
-    assert (lines["config.json"]["against"], lines["config.json"]["hub"]) == ("manifest", None)
+    # A pinned file's line keeps what the hub announced for it too (it agreed with the pin).
+    config_etag = git_blob_sha1(CONTENT["config.json"])
+    assert (lines["config.json"]["against"], lines["config.json"]["hub"]) == ("manifest", config_etag)
     # An LFS file is announced by its sha256, another by its git blob sha1.
     assert (lines[WEIGHTS]["against"], lines[WEIGHTS]["hub"]) == ("hub", sha(WEIGHTS))
     assert (lines[TOKENIZER]["against"], lines[TOKENIZER]["hub"]) == ("hub", git_blob_sha1(CONTENT[TOKENIZER]))
