@@ -105,12 +105,19 @@ def test_the_reference_covers_every_hub_manifest():
     assert [n for n in HUB_MODELS if not (REFERENCE / n).is_dir()] == []
 
 
-def test_the_bundled_reference_files_are_what_the_manifest_pins():
-    """tests/data/smolvlm-256m-instruct ships with the repository: checked everywhere."""
-    folder = ROOT / "tests" / "data" / "smolvlm-256m-instruct"
-    pins = {f.path: f for f in models.find_manifest("smolvlm-256m-instruct").files}
-    for path in sorted(p.name for p in folder.iterdir() if p.name in pins):
+BUNDLED = sorted(p.name for p in (ROOT / "tests" / "data").iterdir() if models.find_manifest(p.name))
+
+
+@pytest.mark.parametrize("name", BUNDLED)
+def test_the_bundled_reference_files_are_what_the_manifest_pins(name):
+    """tests/data/<model> folders ship with the repository: checked everywhere, CI included."""
+    folder = ROOT / "tests" / "data" / name
+    pins = {f.path: f for f in models.find_manifest(name).files}
+    copies = sorted(p.name for p in folder.iterdir() if p.name != "SOURCES.md")
+    assert copies
+    for path in copies:
         data = (folder / path).read_bytes()
+        assert path in pins, f"{name}: tests/data has {path}, the manifest does not"
         assert (pins[path].size, pins[path].sha256) == (len(data), hashlib.sha256(data).hexdigest()), path
 
 
