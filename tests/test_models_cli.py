@@ -13,6 +13,7 @@ from ffai import models
 from ffai.cli import run
 from hub_server import HubServer
 
+ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = Path(__file__).parent / "data" / "smolvlm-256m-instruct"
 
 
@@ -122,6 +123,7 @@ def test_default_model_lookup_order(isolated, monkeypatch):
     resolved = resolve_model(CaptionOptions())
     note = f"{VIDEO} is not on this machine; using smolvlm-256m-instruct (get {VIDEO} with {pull})"
     assert (resolved.name, resolved.folder, resolved.warnings[:1]) == ("smolvlm-256m-instruct", v1, (note,))
+    assert f"ffai: warning: {note}\n" in (ROOT / "docs" / "models.md").read_text(encoding="utf-8")
 
     video = _hub_snapshot(isolated, VIDEO, models.find_manifest(VIDEO).revision)
     resolved = resolve_model(CaptionOptions())
