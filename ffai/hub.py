@@ -363,6 +363,8 @@ class _Redirects(urllib.request.HTTPRedirectHandler):
         if not relative and not self.follow_absolute:
             return None
         new = super().redirect_request(req, fp, code, msg, headers, newurl)
+        if new is not None and req.get_method() == "HEAD":
+            new.method = "HEAD"  # urllib's handler makes every redirect a GET (3.11), which would fetch the body
         token = req.unredirected_hdrs.get("Authorization")
         if (
             new is not None

@@ -6,7 +6,8 @@ HEAD, records every request it sees, and announces each file's hash as the hub d
 and ``X-Linked-Size``, another by ``ETag: "<git blob sha1>"``, on the resolve route's answer (for
 an LFS file, the 302 when redirecting; the hub serves other files itself); the "CDN" sends an ETag of its own (an md5, as S3 does), which is not the
 hub's. It can misbehave on purpose: cut a body short once, ignore Range, redirect to a "CDN" (on
-the same or another host name), answer with an error status, or announce another hash or none.
+the same or another host name), answer for a renamed repository with a relative redirect,
+answer with an error status, or announce another hash or none.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class HubServer:
     status: dict[str, int] = field(default_factory=dict)  # file path -> forced HTTP status
     lfs: set[str] = field(default_factory=set)  # file paths stored in LFS besides the weight suffixes
     announce: dict[str, str | None] = field(default_factory=dict)  # file path -> ETag sent instead (None: none)
+    renamed: dict[str, str] = field(default_factory=dict)  # old repo -> repo: a relative 307, as the hub does
     requests: list[Seen] = field(default_factory=list)
 
     def add(self, repo: str, revision: str, path: str, body: bytes) -> None:
@@ -86,7 +88,13 @@ def _handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
         def _answer(self, body: bool) -> None:
             hub.requests.append(Seen(self.path, dict(self.headers.items()), self.command))
             route = unquote(urlsplit(self.path).path).lstrip("/")
-            if route.startswith("cdn/"):
+            old = next((r for r in hub.renamed if route.startswith(r + "/")), None)
+            if old is not None:
+                self.send_response(307)
+                self.send_header("Location", "/" + hub.renamed[old] + urlsplit(self.path).path[len(old) + 1 :])
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+            elif route.startswith("cdn/"):
                 self._send_file(route[len("cdn/") :], body)
             elif hub.redirect and hub.is_lfs(_name(route)):
                 key = route

@@ -432,3 +432,19 @@ def test_a_record_vouches_only_for_its_own_model_and_revision(server):
         (WEIGHTS, "no hash known"),
         (TOKENIZER, "no hash known"),
     ]
+
+
+def test_a_renamed_repository_is_followed_to_the_hubs_answer(server):
+    """The hub answers a renamed repository with a relative redirect; huggingface_hub follows it
+    for metadata, and so does pull, taking the hash from the answer after it (the CDN redirect)."""
+    server.redirect = "cross"
+    for path, body in CONTENT.items():
+        server.add("new-org/tiny-vlm", "main", path, body)
+    server.renamed[REPO] = "new-org/tiny-vlm"
+    snapshot = hub.pull(UNPINNED)
+    heads = sorted(s.path for s in server.requests if s.method == "HEAD")
+    assert heads == sorted(
+        f"/{org}/tiny-vlm/resolve/main/{p}" for org in ("test-org", "new-org") for p in (WEIGHTS, TOKENIZER)
+    )
+    assert verification.read_record(snapshot, UNPINNED)[WEIGHTS]["hub"] == sha(WEIGHTS)
+    assert checks(hub.verify(UNPINNED)) == [(path, "ok") for path in CONTENT]
