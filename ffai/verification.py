@@ -138,13 +138,13 @@ def check(path: Path, file: ModelFile, recorded: dict | None) -> tuple[FileCheck
     except OSError:
         return FileCheck(file.path, "unreadable", None), None
     sha256 = found.sha256.hexdigest()
+    hub = recorded.get("hub") if recorded else None
     if file.sha256:
         if sha256 != file.sha256:
             return FileCheck(file.path, "sha256 mismatch", None), None
-        return FileCheck(file.path, "ok", "manifest"), entry(size, sha256, "manifest")
+        return FileCheck(file.path, "ok", "manifest"), entry(size, sha256, "manifest", hub)
     if file.sha256_prefix and not sha256.startswith(file.sha256_prefix):
         return FileCheck(file.path, "sha256 mismatch", None), None
-    hub = recorded.get("hub") if recorded else None
     reference = recorded["sha256"] if recorded else _blob_name(path)
     if reference is None:
         return FileCheck(file.path, "no hash known", None), None

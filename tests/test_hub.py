@@ -311,6 +311,7 @@ def test_unpinned_files_are_checked_against_the_hubs_hash_and_recorded(server, r
         (WEIGHTS, "ok", "hub"),
         (TOKENIZER, "ok", "hub"),
     ]
+    assert verification.read_record(snapshot, UNPINNED)["config.json"]["hub"] == config_etag  # verify keeps it
     seen = len(server.requests)
     assert hub.pull(UNPINNED) == snapshot  # the record vouches for them: nothing is asked again
     assert len(server.requests) == seen
