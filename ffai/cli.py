@@ -283,6 +283,13 @@ def caption(
     ] = False,
     fps: Annotated[float, typer.Option("--fps", help="Frames sampled per second of video.")] = 1.0,
     window: Annotated[int, typer.Option("--window", help="Consecutive samples captioned together as one cue.")] = 8,
+    window_as: Annotated[
+        Optional[str],
+        typer.Option(
+            "--window-as",
+            help="How a window reaches the model: video (one clip with its frame times) or images (separate pictures); default: video where the model supports it.",
+        ),
+    ] = None,
     start: Annotated[float, typer.Option("-ss", help="Start at this many seconds.")] = 0.0,
     duration: Annotated[Optional[float], typer.Option("-t", help="Caption this many seconds.")] = None,
     max_frames: Annotated[Optional[int], typer.Option("--max-frames", help="Stop after this many samples.")] = None,
@@ -390,6 +397,7 @@ def caption(
             top_p=top_p,
             top_k=top_k,
             seed=seed,
+            window_as=window_as,
         ),
         runtime=RuntimeOptions(dtype=dtype, device=device, threads=threads),
         max_in_flight=max_in_flight,

@@ -36,6 +36,9 @@ STATUSES = ("experimental", "stable")
 TENSOR_DTYPES = ("float32", "bfloat16")
 DTYPES = (*TENSOR_DTYPES, "int8")
 DEVICES = ("auto", "cpu", "cuda")
+# How a window's frames reach a model: as one video clip with its frame times, or as separate
+# pictures. Engines offer what their checkpoint supports (docs/caption.md, --window-as).
+WINDOW_PRESENTATIONS = ("video", "images")
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,9 @@ class DecodingOptions:
     ``prompt=None`` lets the engine use its default question. ``force_new_tokens`` makes the
     engine produce exactly ``max_new_tokens`` tokens whatever stop tokens appear (gates, bench).
     Greedy decoding (temperature 0) needs no seed; sampling does, so runs are reproducible.
+    ``window_as`` is how a window's frames are presented (``WINDOW_PRESENTATIONS``); None lets
+    the engine choose (video where its checkpoint supports it); an engine refuses one its
+    checkpoint lacks.
     """
 
     prompt: str | None = None
@@ -67,8 +73,11 @@ class DecodingOptions:
     top_k: int = 0
     seed: int | None = None
     force_new_tokens: bool = False
+    window_as: str | None = None
 
     def __post_init__(self) -> None:
+        if self.window_as is not None and self.window_as not in WINDOW_PRESENTATIONS:
+            raise UsageError(f"--window-as must be one of {', '.join(WINDOW_PRESENTATIONS)}")
         if self.max_new_tokens < 1:
             raise UsageError("--max-new-tokens must be at least 1")
         if not math.isfinite(self.temperature) or self.temperature < 0:

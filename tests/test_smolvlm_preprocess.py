@@ -57,7 +57,7 @@ def cfg() -> ProcessorConfig:
 @pytest.fixture(scope="module")
 def reference():
     transformers = pytest.importorskip("transformers")
-    return _pil_backend(transformers.Idefics3Processor.from_pretrained(MODEL_DIR).image_processor)
+    return _pil_backend(transformers.Idefics3Processor.from_pretrained(MODEL_DIR, backend="pil").image_processor)
 
 
 def _pil_backend(image_processor):
@@ -76,6 +76,8 @@ def test_config_from_checkpoint(cfg):
         image_std=(0.5, 0.5, 0.5),
         do_image_splitting=True,
         image_seq_len=64,
+        video=None,
+        processor_classes={PREPROCESSOR_FILE: "Idefics3Processor", PROCESSOR_FILE: "Idefics3Processor"},
     )
 
 
@@ -218,7 +220,7 @@ def test_gate1_tiny_geometry(tmp_path):
     )
     transformers = pytest.importorskip("transformers")
     # Only the image processor: it is what Idefics3Processor builds from these two files.
-    reference = _pil_backend(transformers.AutoImageProcessor.from_pretrained(tmp_path))
+    reference = _pil_backend(transformers.AutoImageProcessor.from_pretrained(tmp_path, backend="pil"))
     cfg = ProcessorConfig.from_dir(tmp_path)
     assert (cfg.tile_size, cfg.longest_edge) == (64, 256)
     for split in (True, False):

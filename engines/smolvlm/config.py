@@ -1,6 +1,8 @@
-"""SmolVLM (Idefics3) configuration, read from the checkpoint's own ``config.json``.
+"""SmolVLM configuration, read from the checkpoint's own ``config.json``: both generations,
+``model_type`` ``idefics3`` (SmolVLM) and ``smolvlm`` (SmolVLM2), which are the same towers.
 
-Follows transformers' ``Idefics3Config`` / ``Idefics3VisionConfig`` / ``LlamaConfig``: a key the
+Follows transformers' ``Idefics3Config`` / ``Idefics3VisionConfig`` / ``LlamaConfig`` (and
+``SmolVLMConfig`` / ``SmolVLMVisionConfig``, subclasses with the same defaults): a key the
 reference treats as required must be present; a key the reference defaults takes the reference's
 default (never a SmolVLM-256M value). Both config.json layouts are accepted: the hub's
 transformers-4.46 one (``text_config.rope_theta``) and the one transformers 5.x writes
@@ -19,7 +21,9 @@ from typing import Any
 from ffai.errors import ModelError
 
 CONFIG_FILE = "config.json"
-MODEL_TYPE = "idefics3"
+# config.json's model_type -> the processor class its checkpoint's files name (processor_class):
+# SmolVLM2's processor adds video, and the two generations' files must never be mixed.
+PROCESSORS = {"idefics3": "Idefics3Processor", "smolvlm": "SmolVLMProcessor"}
 VISION_ACTS = ("gelu_pytorch_tanh",)
 TEXT_ACTS = ("silu",)
 _MISSING = object()
@@ -104,8 +108,9 @@ class VisionConfig:
     def from_section(cls, s: _Section) -> "VisionConfig":
         cfg = cls(
             hidden_size=s.positive("hidden_size"),
-            intermediate_size=s.positive("intermediate_size"),
-            num_hidden_layers=s.positive("num_hidden_layers"),
+            # The reference's defaults (Idefics3VisionConfig): SmolVLM2-500M's file leaves both out.
+            intermediate_size=s.positive("intermediate_size", 3072),
+            num_hidden_layers=s.positive("num_hidden_layers", 12),
             num_attention_heads=s.positive("num_attention_heads"),
             patch_size=s.positive("patch_size"),
             image_size=s.positive("image_size"),
@@ -166,8 +171,10 @@ class TextConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """The whole Idefics3 model: vision tower, pixel-shuffle connector, text tower."""
+    """The whole Idefics3 model: vision tower, pixel-shuffle connector, text tower. ``model_type``
+    is the generation (a key of ``PROCESSORS``)."""
 
+    model_type: str
     vision: VisionConfig
     text: TextConfig
     scale_factor: int
@@ -192,11 +199,13 @@ class ModelConfig:
     def from_dict(cls, data: dict, source: str = CONFIG_FILE) -> "ModelConfig":
         s = _Section(data, source, "")
         model_type = s.get("model_type", str)
-        if model_type != MODEL_TYPE:
-            raise ModelError(f"{source}: model_type {model_type!r} is not supported (expected {MODEL_TYPE!r})")
+        if model_type not in PROCESSORS:
+            expected = " or ".join(repr(t) for t in PROCESSORS)
+            raise ModelError(f"{source}: model_type {model_type!r} is not supported (expected {expected})")
         vision = VisionConfig.from_section(s.section("vision_config"))
         text = TextConfig.from_section(s.section("text_config"))
         cfg = cls(
+            model_type=model_type,
             vision=vision,
             text=text,
             scale_factor=s.positive("scale_factor"),

@@ -17,20 +17,41 @@ INFO = EngineInfo(
     task="vlm",
     # stable: gated token for token against transformers (tests/test_smolvlm_*.py, oracle marker)
     status="stable",
-    description="SmolVLM / Idefics3 in plain PyTorch: SigLIP tower, pixel-shuffle connector, llama text tower",
+    description=(
+        "SmolVLM and SmolVLM2 (Idefics3) in plain PyTorch: SigLIP tower, pixel-shuffle connector, llama text "
+        "tower; windows as video where the checkpoint knows video"
+    ),
     default_model="smolvlm2-256m-video-instruct",
 )
 
 STILL_PROMPT = "Describe this image."
 FRAMES_PROMPT = "Describe what happens in these frames."
+VIDEO_PROMPT = "Describe what happens in this video."
+WIDEST_TIME, WIDEST_DURATION = 5999.0, 35999.0
 STAGES = "ffai_smolvlm.stages"  # the heavy module, imported where a stage is built
 
 
-def prompt_text(options: DecodingOptions, images: int, *, still: bool) -> str:
+def prompt_text(options: DecodingOptions, images: int, *, still: bool, video: bool = False) -> str:
     """The question asked: the user's ``--prompt``, else a caption request that fits the input."""
     if options.prompt is not None:
         return options.prompt
+    if video:
+        return VIDEO_PROMPT
     return STILL_PROMPT if still or images == 1 else FRAMES_PROMPT
+
+
+def window_presentation(options: DecodingOptions, video_capable: bool, model_dir: Path) -> str:
+    """How a window's frames are shown: ``--window-as``, else as a video where the checkpoint's
+    processor knows video (``video_sampling``), else as pictures. A video asked of an image-only
+    checkpoint is refused."""
+    if options.window_as is None:
+        return "video" if video_capable else "images"
+    if options.window_as == "video" and not video_capable:
+        raise UsageError(
+            f"--window-as video: {model_dir} is an image-only checkpoint (no video_sampling in its "
+            "preprocessor_config.json); use --window-as images"
+        )
+    return options.window_as
 
 
 class SmolVLMEngine:
@@ -46,8 +67,16 @@ class SmolVLMEngine:
         processor = ProcessorConfig.from_dir(model_dir)
         builder = PromptBuilder.from_dir(model_dir)
         _check_files_agree(model_dir, config, processor, builder)
-        grids = [(0, 0)] * frames  # window frames are never split into tiles
-        prompt_len = builder.count_tokens(grids, prompt_text(options, frames, still=False), processor.image_seq_len)
+        if window_presentation(options, processor.video is not None, model_dir) == "video":
+            text = prompt_text(options, frames, still=False, video=True)
+            # Times are not known yet: the widest a window under ten hours writes (MM:SS up to
+            # 99:59 per frame, H:MM:SS), so a window that passes here fits at any times.
+            ids = builder.build_video([WIDEST_TIME] * frames, WIDEST_DURATION, text, processor.image_seq_len)
+            prompt_len = len(ids)
+        else:
+            grids = [(0, 0)] * frames  # window frames are never split into tiles
+            text = prompt_text(options, frames, still=False)
+            prompt_len = builder.count_tokens(grids, text, processor.image_seq_len)
         context = config.text.max_position_embeddings
         if prompt_len + options.max_new_tokens > context:
             raise UsageError(
@@ -72,9 +101,25 @@ def _check_files_agree(model_dir: Path, config, processor, builder) -> None:
     """The processor and tokenizer files come from the same checkpoint as config.json: the prompt
     holds as many image tokens per tile as the towers make, and they are the token the model
     replaces with image embeddings. A mixed folder would otherwise fail only after loading."""
-    from ffai_smolvlm.config import CONFIG_FILE
+    from ffai_smolvlm.config import CONFIG_FILE, PROCESSORS, read_json_object
     from ffai_smolvlm.preprocess import PROCESSOR_FILE
-    from ffai_smolvlm.prompt import IMAGE, TOKENIZER_FILE
+    from ffai_smolvlm.prompt import IMAGE, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE
+
+    # Each generation's files name its processor; SmolVLM2's tokenizer config (its special tokens,
+    # its vocabulary size) must not sit beside a SmolVLM config or the other way round.
+    expected = PROCESSORS[config.model_type]
+    named = dict(processor.processor_classes)
+    tokenizer_config = model_dir / TOKENIZER_CONFIG_FILE
+    if tokenizer_config.is_file() or config.model_type != "idefics3":
+        cls = read_json_object(tokenizer_config, "tokenizer config").get("processor_class")
+        if isinstance(cls, str):
+            named[TOKENIZER_CONFIG_FILE] = cls
+    for name, cls in named.items():
+        if cls != expected:
+            raise ModelError(
+                f"{model_dir / name}: processor_class {cls!r}, but {model_dir / CONFIG_FILE} is model_type "
+                f"{config.model_type!r}, whose processor is {expected}; the two files come from different checkpoints"
+            )
 
     if processor.image_seq_len != config.image_seq_len:
         raise ModelError(

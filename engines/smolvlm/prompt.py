@@ -5,6 +5,12 @@ user message holding the images then the text, each ``<image>`` placeholder is e
 the tile layout of its image (``replace_image_token``), and the whole string is tokenised by
 the checkpoint's ``tokenizer.json`` with no special tokens added (the template writes
 ``<|im_start|>`` itself; the tokenizer has no post-processor).
+
+A window presented as a video follows ``SmolVLMProcessor`` (SmolVLM2): the processor's own
+video chat template (``VIDEO_CHAT_TEMPLATE``, which it uses for any message holding a video)
+renders one ``<video>`` placeholder, expanded into an introduction that counts the frames in
+words (``num2words``) and gives the clip's duration, then each frame's time and its image tokens
+(``replace_video_token``).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
     from tokenizers import Tokenizer
 
 TOKENIZER_FILE = "tokenizer.json"
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 GENERATION_CONFIG_FILE = "generation_config.json"
 # Where a chat template may live, in the order transformers' processor looks.
 CHAT_TEMPLATE_SOURCES = (
@@ -34,6 +41,20 @@ IMAGE = "<image>"
 FAKE_AROUND_IMAGE = "<fake_token_around_image>"
 GLOBAL_IMAGE = "<global-img>"
 END_OF_UTTERANCE = "<end_of_utterance>"
+VIDEO = "<video>"
+# transformers 5.24 processing_smolvlm.py: DEFAULT_CHAT_TEMPLATE (what apply_chat_template renders
+# a message holding a video with: the checkpoints' own templates know images only),
+# DEFAULT_VIDEO_INTRO, FRAME_TIMESTAMP_MESSAGE and DEFAULT_MEDIA_OUTTRO.
+VIDEO_CHAT_TEMPLATE = (
+    "<|im_start|>{% for message in messages %}{{message['role'] | capitalize}}{% if message['content'] is string %}"
+    "{{': ' + message['content']}}{% else %}{% if message['content'][0]['type'] == 'image' %}{{':'}}{% else %}"
+    "{{': '}}{% endif %}{% for line in message['content'] %}{% if line['type'] == 'text' %}{{line['text']}}"
+    "{% elif line['type'] == 'image' %}{{ '<image>' }}{% elif line['type'] == 'video' %}{{ '<video>' }}{% endif %}"
+    "{% endfor %}{% endif %}<end_of_utterance>\n{% endfor %}{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}"
+)
+VIDEO_INTRO = "You are provided the following series of {frame_count} frames from a {video_duration} [H:MM:SS] video.\n"
+FRAME_TIMESTAMP = "\nFrame from {timestamp}:"
+MEDIA_OUTTRO = "\n\n"
 MAX_GRID = 6  # the tokenizer has <row_r_col_c> for r, c in 1..6
 REPLACEMENT_CHARACTER = "\ufffd"  # what decoding writes for bytes that are no whole character
 
@@ -56,6 +77,21 @@ def expand_image(grid: tuple[int, int], image_seq_len: int) -> str:
         for r in range(1, rows + 1)
     )
     return "".join(tile_rows) + "\n" + global_part
+
+
+def expand_video(times: Sequence[float], duration: float, image_seq_len: int) -> str:
+    """The text that replaces the ``<video>`` placeholder for frames at ``times`` (seconds from
+    the clip's start) of a clip lasting ``duration`` seconds: the count in words, the duration
+    as H:MM:SS, then per frame its MM:SS (minutes past 59 keep counting) and its image tokens."""
+    from datetime import timedelta
+
+    from num2words import num2words
+
+    text = VIDEO_INTRO.format(frame_count=num2words(len(times)), video_duration=str(timedelta(seconds=int(duration))))
+    for second in times:
+        timestamp = f"{int(second // 60):02d}:{int(second % 60):02d}"
+        text += FRAME_TIMESTAMP.format(timestamp=timestamp) + expand_image((0, 0), image_seq_len)
+    return text + MEDIA_OUTTRO
 
 
 class PromptBuilder:
@@ -116,6 +152,19 @@ class PromptBuilder:
             expanded += [expand_image(grid, image_seq_len), piece]
         return self._tokenizer.encode("".join(expanded), add_special_tokens=False).ids
 
+    def build_video(self, times: Sequence[float], duration: float, text: str, image_seq_len: int) -> list[int]:
+        """Token ids of the prompt for one clip (see ``expand_video``) and ``text``."""
+        for token in (IMAGE, VIDEO):
+            if token in text:
+                raise UsageError(f"the prompt must not contain {token}")
+        content = [{"type": "video"}, {"type": "text", "text": text}]
+        rendered = _video_template().render(
+            messages=[{"role": "user", "content": content}], tools=None, documents=None, add_generation_prompt=True
+        )
+        before, after = rendered.split(VIDEO)
+        prompt = before + expand_video(times, duration, image_seq_len) + after
+        return self._tokenizer.encode(prompt, add_special_tokens=False).ids
+
     def count_tokens(self, grids: Sequence[tuple[int, int]], text: str, image_seq_len: int) -> int:
         # Tokenising is cheap next to the model; counting any other way could miss a merge
         # such as "\n\n" that some tokenizers make one token.
@@ -172,6 +221,11 @@ class TextStream:
         rest = self._decode(self._ids[self._prefix :])[len(shown) :]
         self._prefix = self._read = len(self._ids)
         return rest
+
+
+@functools.cache
+def _video_template() -> Any:
+    return _compile_template(VIDEO_CHAT_TEMPLATE, Path(__file__))
 
 
 @functools.lru_cache(maxsize=4)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from ffai.engine import Answer, DecodingOptions, Request, RuntimeOptions
-from ffai_smolvlm.engine import prompt_text
+from ffai_smolvlm.engine import prompt_text, window_presentation
 from ffai_smolvlm.loading import load_weights
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -45,16 +45,33 @@ class Preprocessor:
         from ffai_smolvlm.preprocess import ProcessorConfig
         from ffai_smolvlm.prompt import PromptBuilder
 
+        self.model_dir = model_dir
         self.processor = ProcessorConfig.from_dir(model_dir)
         self.prompts = PromptBuilder.from_dir(model_dir)
 
     def __call__(self, request: Request) -> Prepared:
         from ffai_smolvlm.preprocess import preprocess_images
 
+        if not request.still:
+            how = window_presentation(request.options, self.processor.video is not None, self.model_dir)
+            if how == "video":
+                return self.video(request)
         # Idefics3 tiles a still (tiles + the global image) and gives each frame one image.
         batch = preprocess_images(request.images, self.processor, split=request.still)
         text = prompt_text(request.options, len(request.images), still=request.still)
         ids = self.prompts.build(batch.grids, text, self.processor.image_seq_len)
+        return Prepared(ids, batch.tiles, batch.pixel_attention_mask, request.options)
+
+    def video(self, request: Request) -> Prepared:
+        """A window as its own clip (SmolVLM2): frame times from the window's start, the clip as
+        long as the window's span."""
+        from ffai_smolvlm.video_frames import preprocess_video
+
+        batch = preprocess_video(request.images, self.processor)
+        start, end = request.span
+        times = [t - start for t in request.times]
+        text = prompt_text(request.options, len(request.images), still=False, video=True)
+        ids = self.prompts.build_video(times, end - start, text, self.processor.image_seq_len)
         return Prepared(ids, batch.tiles, batch.pixel_attention_mask, request.options)
 
 

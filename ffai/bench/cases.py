@@ -37,13 +37,17 @@ class Item:
     id: str
     images: tuple  # PIL images, RGB
     times: tuple[float, ...] | None
+    span: tuple[float, float] | None = None  # a window's (start, end); None: first to last frame
 
     @property
     def still(self) -> bool:
         return self.times is None
 
     def request(self, options: DecodingOptions) -> Request:
-        return Request.of(self.images, self.times, options)
+        if self.times is None:
+            return Request(self.images, options)
+        # The window's own span, as `ffai caption` sends it: a video model states its duration.
+        return Request.frames(self.images, self.times, options, span=self.span)
 
 
 def frame_times(n: int, fps: float = CLIP_FPS) -> tuple[float, ...]:
@@ -94,7 +98,8 @@ def clip_items(clip: Path) -> Iterator[Item]:
     info = decoder.probe(clip)
     frames = decoder.sample_frames(clip, CLIP_FPS)
     for window in make_windows(frames, CLIP_WINDOW, CLIP_FPS, clip_end=info.duration):
-        yield Item(str(window.index), tuple(f.image for f in window.frames), window.frame_times)
+        frames = tuple(f.image for f in window.frames)
+        yield Item(str(window.index), frames, window.frame_times, (window.start, window.end))
 
 
 def write_clip(path: Path) -> Path:

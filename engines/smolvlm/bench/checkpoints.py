@@ -1,8 +1,8 @@
-"""Random-weight SmolVLM (Idefics3) checkpoints for the tests and the bench, written with
+"""Random-weight SmolVLM and SmolVLM2 checkpoints for the tests and the bench, written with
 transformers (``ffai.bench.checkpoints`` caches them), plus the transformers reference loaded on them.
 
 No real weights are reachable, so the oracle tests compare ffai's port and transformers on a
-checkpoint both load from the same files. Two shapes:
+checkpoint both load from the same files. SmolVLM (``model_type: idefics3``), two shapes:
 
 - ``real``: the SmolVLM-256M-Instruct config (``tests/data/smolvlm-256m-instruct/config.json``),
   ~1 GB of float32 weights with the real tensor names. The config.json written is the original
@@ -16,6 +16,15 @@ checkpoint both load from the same files. Two shapes:
 Weights are re-initialised from one seed with a normal distribution on every tensor (norm
 weights around 1): transformers' default init leaves norms at exactly 1 and biases at 0, and
 random-but-not-degenerate logits keep greedy argmax free of ties.
+
+SmolVLM2 (``model_type: smolvlm``, written with ``SmolVLMForConditionalGeneration`` beside the
+SmolVLM2 processor, tokenizer config and chat template of ``tests/data/smolvlm2-500m-video-instruct``):
+
+- ``v2-256m``: SmolVLM2-256M-Video-Instruct, whose config.json is not available: SmolVLM-256M's
+  sizes under ``model_type: smolvlm`` (its architecture; tests/data/smolvlm2-500m-video-instruct/SOURCES.md);
+- ``v2-500m``: SmolVLM2-500M-Video-Instruct's own config.json (~2 GB of float32);
+- ``v2-tiny``: the ``tiny`` shapes with the SmolVLM2 files (64 px tiles, frames first resized to
+  a 256 px long edge as the checkpoint's ``size`` says).
 
 The cache (``<repo>/.cache/checkpoints/smolvlm-<kind>-<key>/``) keys its folders on
 ``fingerprint``: this file, the config, the seed, the dtype and the transformers version, so a
@@ -39,7 +48,16 @@ from ffai.errors import ModelError
 
 REPO = Path(__file__).resolve().parents[3]  # engines/smolvlm/bench/ -> the source checkout
 REFERENCE_DIR = REPO / "tests" / "data" / "smolvlm-256m-instruct"
-KINDS = ("real", "tiny")  # the first is the bench's checkpoint without --model
+V2_DIR = REPO / "tests" / "data" / "smolvlm2-500m-video-instruct"
+KINDS = ("real", "tiny", "v2-256m", "v2-500m", "v2-tiny")  # the first is the bench's checkpoint without --model
+V2_KINDS = ("v2-256m", "v2-500m", "v2-tiny")
+# SmolVLM2's own small files (the rest are byte-identical to SmolVLM's: V2_DIR/SOURCES.md).
+V2_FILES = (
+    "chat_template.json",
+    "generation_config.json",
+    "special_tokens_map.json",
+    "tokenizer_config.json",
+)
 INIT_STD = 0.04
 
 # Copied unchanged next to the weights (tokenizer, chat template, generation defaults).
@@ -107,12 +125,24 @@ def config_dict(kind: str) -> dict:
     real = read_json(require_reference_dir() / "config.json")
     if kind == "real":
         return real
+    if kind == "v2-500m":
+        return read_json(V2_DIR / "config.json")
+    if kind in V2_KINDS:
+        return as_smolvlm2(config_dict({"v2-256m": "real", "v2-tiny": "tiny"}[kind]))
     tiny = copy.deepcopy(real)
     tiny["text_config"].update(TINY_TEXT)
     tiny["vision_config"].update(TINY_VISION)
     tiny["scale_factor"] = TINY_SCALE_FACTOR
     tiny["text_config"]["pixel_shuffle_factor"] = TINY_SCALE_FACTOR
     return tiny
+
+
+def as_smolvlm2(config: dict) -> dict:
+    """A SmolVLM config.json as SmolVLM2 names the same architecture."""
+    config = copy.deepcopy(config)
+    config.update(model_type="smolvlm", architectures=["SmolVLMForConditionalGeneration"])
+    config["vision_config"]["model_type"] = "smolvlm_vision"
+    return config
 
 
 def image_seq_len(config: dict) -> int:
@@ -122,9 +152,10 @@ def image_seq_len(config: dict) -> int:
 
 def processor_files(kind: str, config: dict) -> dict[str, dict]:
     """preprocessor_config.json / processor_config.json, rewritten for the tile geometry."""
-    pre = read_json(REFERENCE_DIR / "preprocessor_config.json")
-    proc = read_json(REFERENCE_DIR / "processor_config.json")
-    if kind == "tiny":
+    source = V2_DIR if kind in V2_KINDS else REFERENCE_DIR
+    pre = read_json(source / "preprocessor_config.json")
+    proc = read_json(source / "processor_config.json")
+    if kind in ("tiny", "v2-tiny"):
         pre["max_image_size"] = {"longest_edge": TINY_TILE}
         pre["size"] = {"longest_edge": TINY_LONGEST_EDGE}
         proc["image_seq_len"] = image_seq_len(config)
@@ -152,11 +183,14 @@ def reinit_(model, seed: int, std: float = INIT_STD) -> None:
 def build_model(config: dict, seed: int, dtype: str = "float32"):
     """transformers' Idefics3ForConditionalGeneration for a config.json dict, re-initialised."""
     import torch
-    from transformers import Idefics3Config, Idefics3ForConditionalGeneration
+    import transformers
 
+    family = "SmolVLM" if config["model_type"] == "smolvlm" else "Idefics3"
+    config_class = getattr(transformers, f"{family}Config")
+    model_class = getattr(transformers, f"{family}ForConditionalGeneration")
     torch.manual_seed(seed)
     # The hub config says torch_dtype bfloat16; build everything in float32, then cast once.
-    model = Idefics3ForConditionalGeneration(Idefics3Config.from_dict(config)).float()
+    model = model_class(config_class.from_dict(config)).float()
     reinit_(model, seed)
     return model.to(getattr(torch, dtype)).eval()
 
@@ -168,11 +202,12 @@ def write_checkpoint(kind: str, out: Path | str, seed: int = 0, dtype: str = "fl
     out.mkdir(parents=True, exist_ok=True)
     model = build_model(config, seed, dtype)
     model.save_pretrained(out, safe_serialization=True)
-    if kind == "real":
-        # Keep the hub's own config.json (transformers 4.46 format) rather than the re-serialised one.
-        shutil.copyfile(REFERENCE_DIR / "config.json", out / "config.json")
+    if kind in ("real", "v2-500m"):
+        # Keep the hub's own config.json (transformers 4.4x format) rather than the re-serialised one.
+        shutil.copyfile((V2_DIR if kind == "v2-500m" else REFERENCE_DIR) / "config.json", out / "config.json")
     for name in COPIED_FILES:
-        shutil.copyfile(REFERENCE_DIR / name, out / name)
+        source = V2_DIR if kind in V2_KINDS and name in V2_FILES else REFERENCE_DIR
+        shutil.copyfile(source / name, out / name)
     for name, data in processor_files(kind, config).items():
         write_json(out / name, data)
     return out
@@ -183,6 +218,9 @@ def fingerprint(kind: str, seed: int = 0, dtype: str = "float32") -> str:
     the config it builds, the seed, the dtype and the transformers version."""
     h = hashlib.sha256(Path(__file__).read_bytes())
     h.update(json.dumps(config_dict(kind), sort_keys=True).encode())
+    if kind in V2_KINDS:  # its files are copied, not derived from the config
+        for name in ("preprocessor_config.json", "processor_config.json", *V2_FILES):
+            h.update((V2_DIR / name).read_bytes())
     h.update(f"{seed}/{dtype}/{importlib.metadata.version('transformers')}".encode())
     return h.hexdigest()
 
@@ -192,13 +230,34 @@ def fingerprint(kind: str, seed: int = 0, dtype: str = "float32") -> str:
 
 @functools.cache
 def reference_model(path: Path, dtype: str = "float32", attention: str | None = None):
-    """transformers' Idefics3ForConditionalGeneration on a checkpoint, loaded once per process.
-    ``attention`` picks transformers' attention implementation (default: its own choice, SDPA)."""
+    """transformers' Idefics3ForConditionalGeneration (SmolVLMForConditionalGeneration for a
+    SmolVLM2 checkpoint) on a checkpoint, loaded once per process. ``attention`` picks
+    transformers' attention implementation (default: its own choice, SDPA)."""
     import torch
-    from transformers import Idefics3ForConditionalGeneration
 
     extra = {"attn_implementation": attention} if attention else {}
-    return Idefics3ForConditionalGeneration.from_pretrained(path, dtype=getattr(torch, dtype), **extra).eval()
+    return model_class(path).from_pretrained(path, dtype=getattr(torch, dtype), **extra).eval()
+
+
+def is_smolvlm2(path: Path) -> bool:
+    return read_json(Path(path) / "config.json").get("model_type") == "smolvlm"
+
+
+def model_class(path: Path):
+    import transformers
+
+    return (
+        transformers.SmolVLMForConditionalGeneration
+        if is_smolvlm2(path)
+        else transformers.Idefics3ForConditionalGeneration
+    )
+
+
+def processor_options(path: Path) -> dict:
+    """How the reference processor is built: SmolVLM's with its Pillow image processor (the one
+    ffai's SmolVLM path follows, and the one transformers builds where torchvision is absent);
+    SmolVLM2's exists only with torchvision, so as transformers builds it by default."""
+    return {} if is_smolvlm2(path) else {"backend": "pil"}
 
 
 @functools.cache
@@ -206,4 +265,4 @@ def reference_processor(path: Path):
     """transformers' processor for a checkpoint, loaded once per process."""
     from transformers import AutoProcessor
 
-    return AutoProcessor.from_pretrained(path)
+    return AutoProcessor.from_pretrained(path, **processor_options(path))

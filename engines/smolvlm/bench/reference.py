@@ -1,6 +1,8 @@
 """The bench's reference arm for SmolVLM: transformers' Idefics3ForConditionalGeneration (float32,
-always) with its PIL processor, asked the same question ffai asks; the ``clip`` case decodes the
-same windows with ``ffai.media.Decoder.sample_frames`` (``ffai.bench.cases.clip_items``) and calls
+always) with its PIL processor, or for a SmolVLM2 checkpoint SmolVLMForConditionalGeneration with
+SmolVLMProcessor, asked the same question ffai asks and shown a window as ffai shows it (a video
+where the checkpoint knows video, ``reference_inputs``); the ``clip`` case decodes the same
+windows with ``ffai.media.Decoder.sample_frames`` (``ffai.bench.cases.clip_items``) and calls
 processor + generate per window."""
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from pathlib import Path
 from ffai.bench import cases
 from ffai.engine import DecodingOptions
 from ffai.errors import ModelError
-from ffai_smolvlm.engine import prompt_text
+from ffai_smolvlm.engine import prompt_text, window_presentation
 
 MISSING_REFERENCE = "the reference arm needs transformers: pip install 'ffai[reference]'"
 
@@ -26,6 +28,30 @@ def require_transformers() -> None:
         raise ModelError(MISSING_REFERENCE)
 
 
+def reference_inputs(processor, images, times, span, options: DecodingOptions, model_dir: Path):
+    """transformers' processor inputs for one request as ffai presents it: a still tiled, a window
+    as separate pictures, or a window as one video clip (``SmolVLMProcessor``): its frames passed
+    with their times from the window's start (``VideoMetadata`` at 1 fps, so a frame's index is its
+    time in seconds) and the window's span as the clip's duration."""
+    n = len(images)
+    still = times is None
+    video = not still and window_presentation(options, hasattr(processor, "video_processor"), model_dir) == "video"
+    text = prompt_text(options, n, still=still, video=video)
+    if video:
+        from transformers.video_utils import VideoMetadata
+
+        start, end = span
+        metadata = VideoMetadata(
+            total_num_frames=n, fps=1.0, duration=end - start, frames_indices=[t - start for t in times]
+        )
+        content = [{"type": "video"}, {"type": "text", "text": text}]
+        chat = processor.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True)
+        return processor(text=chat, videos=[list(images)], video_metadata=[metadata], return_tensors="pt")
+    content = [{"type": "image"}] * n + [{"type": "text", "text": text}]
+    chat = processor.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True)
+    return processor(text=chat, images=list(images), return_tensors="pt", do_image_splitting=still)
+
+
 class ReferenceArm:
     name = "reference"
 
@@ -37,23 +63,23 @@ class ReferenceArm:
     def load(self) -> None:
         try:
             import torch
-            from transformers import AutoProcessor, Idefics3ForConditionalGeneration
+            from transformers import AutoProcessor
+
+            from ffai_smolvlm.bench.checkpoints import model_class, processor_options
         except ImportError as e:
             raise ModelError(MISSING_REFERENCE) from e
         # The same cores ffai plans its placement and threads for, all given to the one process.
         torch.set_num_threads(self.cores)
-        self.model = Idefics3ForConditionalGeneration.from_pretrained(self.model_dir, dtype=torch.float32).eval()
-        self.processor = AutoProcessor.from_pretrained(self.model_dir, backend="pil")
+        self.model = model_class(self.model_dir).from_pretrained(self.model_dir, dtype=torch.float32).eval()
+        self.processor = AutoProcessor.from_pretrained(self.model_dir, **processor_options(self.model_dir))
         eos = self.model.generation_config.eos_token_id
         self.stop_ids = set(eos if isinstance(eos, list) else [eos])
 
     def answer(self, item, options: DecodingOptions) -> tuple[list[int], str]:
         import torch
 
-        n = len(item.images)
-        content = [{"type": "image"}] * n + [{"type": "text", "text": prompt_text(options, n, still=item.still)}]
-        chat = self.processor.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True)
-        inputs = self.processor(text=chat, images=list(item.images), return_tensors="pt", do_image_splitting=item.still)
+        request = item.request(options)
+        inputs = reference_inputs(self.processor, request.images, request.times, request.span, options, self.model_dir)
         budget = {"max_new_tokens": options.max_new_tokens, "do_sample": False}
         if options.force_new_tokens:
             budget["min_new_tokens"] = options.max_new_tokens
