@@ -25,7 +25,7 @@ from ffai.captioning import Captioner, CaptionOptions, Progress, ResolvedModel, 
 from ffai.cues import TrackHeader, creation_time
 from ffai.errors import FfaiError, OutputError, UsageError
 from ffai.input_events import Backend, InputEvent
-from ffai.media import MediaInfo, is_live
+from ffai.media import MediaInfo, is_live, source_label
 from ffai.pipeline import WorkerDied
 from ffai.tracks import (
     TrackWriter,
@@ -131,7 +131,7 @@ def run_caption_jobs(
     if retries < 0:
         raise UsageError("--retries must be 0 or more")
     jobs = plan_jobs(input_specs.expand(inputs), output, fmt)
-    _check_containers(jobs, language)
+    _check_containers(jobs, language, local=make_backend is None)
     # A track that shows the frames (html) needs thumbnails, made where the frames are.
     options = dataclasses.replace(options, thumbnails=any(wants_thumbnails(job.fmt) for job in jobs))
     for job in jobs if partial else ():
@@ -172,7 +172,7 @@ def run_caption_jobs(
     return len(driver.summary.failed)
 
 
-def _check_containers(jobs: list[Job], language: str | None) -> None:
+def _check_containers(jobs: list[Job], language: str | None, *, local: bool) -> None:
     """Container outputs (``ffai.mux``): what can be told before the model loads. A single
     input's file is also opened (headers only), so a still or a codec the container cannot hold
     is refused now; a corpus's inputs are checked as each is opened, failing alone."""
@@ -182,6 +182,8 @@ def _check_containers(jobs: list[Job], language: str | None) -> None:
     mux.check_language(language)
     for job in containers:
         mux.check_job(job.source, job.output, job.fmt)
+        if is_live(job.source) and not local:
+            raise UsageError(f"{job.source}: a live source is copied into -o .{job.fmt} by a local run, not --ray")
     if len(jobs) == 1 and containers and os.path.isfile(jobs[0].source):
         mux.check_source(jobs[0].source, jobs[0].output, jobs[0].fmt)
 
@@ -285,6 +287,7 @@ class _Driver:
         self.writers: dict[int, TrackWriter] = {}
         self.cues: dict[int, int] = defaultdict(int)
         self.broken: dict[int, FfaiError] = {}  # jobs whose output failed in this process
+        self.tees: dict[int, mux.LiveTee] = {}  # live sources copied into containers, by job
 
     def run(self, backend: Backend, skip: set[int]) -> None:
         for i in sorted(skip):
@@ -296,7 +299,7 @@ class _Driver:
             while pending:
                 for i in pending:
                     self.attempts[i] += 1
-                events = backend.run([(i, self.jobs[i].source) for i in pending])
+                events = backend.run([(i, self._reads(i)) for i in pending])
                 if not all(self.jobs[i].to_file for i in pending):
                     events = _in_job_order(events, pending)
                 retry = []
@@ -307,6 +310,19 @@ class _Driver:
         except BaseException as e:
             self._stop_all(e)
             raise
+        finally:
+            for tee in self.tees.values():
+                tee.close()
+
+    def _reads(self, i: int) -> str:
+        """What the backend reads for job ``i``: its source, or for a live source copied into a
+        container, the pipe its tee passes the video on through (``ffai.mux.LiveTee``)."""
+        job = self.jobs[i]
+        if mux.is_container(job.fmt) and is_live(job.source):
+            if i not in self.tees:  # read once: a retry finds the same tee
+                self.tees[i] = mux.LiveTee(job.source, job.fmt)
+            return self.tees[i].path
+        return job.source
 
     def _handle(self, event: InputEvent) -> bool:
         """Act on one event; True when the input is to be tried again."""
@@ -338,6 +354,7 @@ class _Driver:
                 start=self.options.start,
                 duration=self.options.duration,
                 language=self.language,
+                tee=self.tees.get(i),
             )
         except FfaiError as e:
             self.broken[i] = e
@@ -389,6 +406,9 @@ class _Driver:
         else:
             transient = event.transient
         retry = transient and self.attempts[i] <= self.retries
+        tee = self.tees.get(i)
+        if tee is not None:  # the decoder read the tee's pipe: name the source, or why the tee failed
+            reason = str(tee.error) if tee.error is not None else reason.replace(tee.path, source_label(job.source))
         reason = reason if job.source in reason else f"{job.source}: {reason}"
         self._record(
             i,

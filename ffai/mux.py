@@ -15,9 +15,13 @@ video, audio and subtitle streams copied packet for packet (no decode, no encode
   there; with ``-t`` a stream stops at its first packet decoded (video) or shown (others) at or
   after the end. Cue times are moved by the same amount, so they meet the same frames.
 * Written like every file output (``ffai.tracks``' sinks): into a temporary file beside the
-  target, renamed into place when the input is done. A run stopped after some cues (Ctrl-C, a
-  failure) finishes the file with the streams up to its last cue's end; before any cue it leaves
-  nothing.
+  target, renamed into place when the input is done (a live source's at its first cue, then
+  growing in place, each cue with the packets before it). A run stopped after some cues (Ctrl-C,
+  a failure) finishes the file with the streams up to its last cue's end; before any cue it
+  leaves nothing.
+* A live source is read once, here, by a ``LiveTee``: its packets are kept for the output and
+  its video goes on through a named pipe to the decoder child, which samples it as any live
+  source; the copy and the cues' timeline both start at its first video keyframe.
 
 The input is demuxed in this process (the driver's; on Ray too): packets are read, never decoded.
 """
@@ -28,13 +32,17 @@ import html
 import io
 import os
 import re
+import shutil
+import tempfile
+import threading
+from collections import deque
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Iterator
 
 from ffai.cues import Cue, Dropped, TrackHeader
 from ffai.errors import FfaiError, MediaError, OutputError, UsageError
-from ffai.media.sources import is_live, path_of
+from ffai.media.sources import is_live, path_of, source_label
 from ffai.tracks import fold_line_breaks
 
 
@@ -58,6 +66,7 @@ _LANGUAGE = re.compile(r"^[a-z]{3}$")
 _IMAGE_DEMUXERS = ("gif", "apng", "image2")
 _COPIED = ("video", "audio", "subtitle")  # data streams (timecodes) and attachments are left out
 _MS = Fraction(1, 1000)
+_LIVE_END_WAIT_S = 2.0  # how long a finished run waits for a live source's reader to see its end
 _MOV_TEXT_MAX = 0xFFFF  # a mov_text sample's text length is 16 bits
 # FFmpeg's default ASS header: its text subtitle encoders refuse to open without one.
 _ASS_HEADER = (
@@ -85,16 +94,19 @@ def check_language(language: str | None) -> str:
 
 def check_job(source: str, output: str | None, fmt: str) -> None:
     """What can be told before any input is read: a container goes to a file, and a live source
-    cannot be copied into one (its packets are read once, by the decoder)."""
+    only into a container written as a stream (Matroska, WebM)."""
     if output in (None, "-"):
         raise UsageError(f"-f {fmt} writes a file (MP4 and MOV are finished by seeking back): use -o out.{fmt}")
-    if is_live(source):
-        if fmt in ("mp4", "mov"):
-            raise UsageError(
-                f"{source}: a live source cannot go into {fmt.upper()}, whose index is written only at the end; "
-                "use -o out.mkv"
-            )
-        raise UsageError(f"{source}: copying a live source into -o {fmt} is not supported yet; write a track (.srt)")
+    if is_live(source) and not streams_live(fmt):
+        raise UsageError(
+            f"{source_label(source)}: a live source cannot go into {CONTAINERS[fmt].label}, whose index is written "
+            "only at the end; use -o out.mkv"
+        )
+
+
+def streams_live(fmt: str) -> bool:
+    """Whether ``fmt`` can take a live source: a container written as a stream, valid as it grows."""
+    return CONTAINERS[fmt].muxer in ("matroska", "webm")
 
 
 def cue_payload(text: str, codec: str) -> bytes:
@@ -108,32 +120,6 @@ def cue_payload(text: str, codec: str) -> bytes:
     # mov_text: the text's length in 16 bits, then the text, cut at a character if longer
     data = data[:_MOV_TEXT_MAX].decode("utf-8", "ignore").encode("utf-8")
     return len(data).to_bytes(2, "big") + data
-
-
-def check_source(source: str, output: str, fmt: str) -> None:
-    """The input can be copied into ``fmt``: a video file (not a still or an animated image)
-    whose every stream the container holds. Reads only the headers; writes nothing."""
-    with _open_input(path_of(source), output, fmt) as container:
-        _copied_streams(container, source, output, fmt)
-
-
-class _open_input:
-    """The input file opened for demuxing, as a context manager."""
-
-    def __init__(self, path, output: str, fmt: str) -> None:
-        import av
-
-        self.path = path
-        try:
-            self.container = av.open(str(path), metadata_errors="ignore")
-        except (av.FFmpegError, OSError) as e:
-            raise MediaError(f"{path}: cannot be read for -o {fmt} ({getattr(e, 'strerror', None) or e})") from e
-
-    def __enter__(self):
-        return self.container
-
-    def __exit__(self, *exc: object) -> None:
-        self.container.close()
 
 
 def _copied_streams(container, source: str, output: str, fmt: str) -> list:
@@ -169,50 +155,274 @@ def _codecs_held(muxer: str) -> frozenset[str]:
         return frozenset(probe.supported_codecs)
 
 
+def check_source(source: str, output: str, fmt: str) -> None:
+    """The file ``source`` can be copied into ``fmt``: a video (not a still or an animated image)
+    whose every stream the container holds. Reads its headers and first packet; writes nothing."""
+    FilePackets(source, output, fmt).close()
+
+
+def open_mux(
+    sink,
+    fmt: str,
+    header: TrackHeader,
+    *,
+    start: float = 0.0,
+    duration: float | None = None,
+    language: str | None = None,
+    tee: LiveTee | None = None,
+) -> MuxWriter:
+    """The writer of one container output (``ffai.tracks.open_track`` gives it for mkv, mp4, mov
+    and webm): the file ``header.source_path`` cut at ``start`` for ``duration`` seconds, or the
+    live source ``tee`` reads."""
+    if header.fps is None:
+        raise UsageError(
+            f"{header.source_path}: -o {fmt} needs a video input, not an image; write a track (.srt, .vtt, .json)"
+        )
+    if tee is not None:
+        tee.ready.wait()
+        if tee.error is not None:
+            raise tee.error if isinstance(tee.error, FfaiError) else MediaError(f"{tee.source}: {tee.error}")
+        packets = tee
+    else:
+        check_job(header.source_path, sink.path, fmt)
+        packets = FilePackets(header.source_path, sink.path, fmt, start, duration)
+    try:
+        return MuxWriter(sink, fmt, header, packets, language=language)
+    except BaseException:
+        packets.close()
+        raise
+
+
+# -- where the copied packets come from -------------------------------------------------------
+
+
+class FilePackets:
+    """A file's packets, cut at ``start`` for ``duration`` seconds (see the module docstring),
+    each with its decode time in the output, in the file's order."""
+
+    def __init__(self, source: str, output: str, fmt: str, start: float = 0.0, duration: float | None = None):
+        import av
+
+        path = path_of(source)
+        try:
+            self._input = av.open(str(path), metadata_errors="ignore")
+        except (av.FFmpegError, OSError) as e:
+            raise MediaError(f"{path}: cannot be read for -o {fmt} ({getattr(e, 'strerror', None) or e})") from e
+        try:
+            self.streams = _copied_streams(self._input, source, output, fmt)
+            video = _main_video(self._input)
+            self.cue_offset = 0.0
+            self._packets = self._cut(video, start, duration)
+            self._next = next(self._packets, None)
+        except BaseException:
+            self._input.close()
+            raise
+
+    def _cut(self, video, start: float, duration: float | None) -> Iterator[tuple[float, int, object]]:
+        origin = Fraction(video.start_time or 0) * video.time_base  # where cue time 0 is
+        begin = origin + Fraction(start)
+        end = None if duration is None else begin + Fraction(duration)
+        trim = start > 0
+        shift: Fraction | None = Fraction(0)
+        if trim:
+            self._input.seek(round(begin / video.time_base), stream=video, backward=True, any_frame=False)
+            shift = None  # the first video keyframe sets it
+        self.cue_offset = float(origin)
+        stopped: set[int] = set()
+        for packet in self._input.demux(self.streams):
+            if packet.dts is None and packet.pts is None:
+                continue  # a demuxer's end-of-stream marker
+            stream, base = packet.stream, packet.time_base
+            shown = Fraction(packet.pts if packet.pts is not None else packet.dts) * base
+            decoded = Fraction(packet.dts if packet.dts is not None else packet.pts) * base
+            if shift is None:
+                if stream is not video or not packet.is_keyframe:
+                    continue  # nothing before the first keyframe is kept
+                shift = shown
+                self.cue_offset = float(origin - shift)
+            if stream.index in stopped or (trim and stream is not video and shown < shift):
+                continue
+            if end is not None and (decoded if stream is video else shown) >= end:
+                stopped.add(stream.index)  # video: what follows in decode order may need it
+                continue
+            offset = round(shift / base)
+            if packet.pts is not None:
+                packet.pts -= offset
+            if packet.dts is not None:
+                packet.dts -= offset
+            yield float(decoded - shift), stream.index, packet
+
+    def peek(self) -> tuple[float, int, object] | None:
+        return self._next
+
+    def pop(self) -> None:
+        self._next = next(self._packets, None)
+
+    def ended(self) -> bool:
+        return True  # a file's packets are all there
+
+    def close(self) -> None:
+        self._input.close()
+
+
+class LiveTee:
+    """A live source read once, here, for two readers: its packets are kept for the container
+    output, and its video is passed on, as NUT through a named pipe (``path``), to the
+    decoder that samples it, which reads the pipe as it would the source (a live source).
+
+    A thread opens the pipe (when the decoder opens it), then the source, then copies packets
+    from the first video keyframe on, whose time becomes 0 for both readers (and so for the
+    cues). A source that cannot be opened or read ends the pipe; ``error`` says why."""
+
+    def __init__(self, source: str, fmt: str) -> None:
+        self.source, self.fmt = source, fmt
+        self.error: BaseException | None = None
+        self.streams: list = []
+        self.cue_offset = 0.0
+        self.ready = threading.Event()  # streams known (or the tee ended)
+        self._done = threading.Event()
+        self._lock = threading.Lock()
+        self._packets: deque[tuple[float, int, object]] = deque()  # (decode time, stream index, packet)
+        self._source = None  # the open source, kept open while its packets and streams are used
+        self._stopping = False
+        self._folder = tempfile.mkdtemp(prefix="ffai-tee-")
+        self.path = os.path.join(self._folder, "source.nut")
+        os.mkfifo(self.path, 0o600)
+        self._thread = threading.Thread(target=self._run, name="ffai-live-tee", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import av
+
+        from ffai.media.streams import _open_stream  # the options and errors a live decoder opens with
+
+        pipe = None
+        try:
+            # Opened by Python, which lets other threads run while it waits for the decoder to
+            # open the other end; FFmpeg would wait holding the interpreter.
+            file = os.fdopen(os.open(self.path, os.O_WRONLY), "wb", buffering=0)
+            # NUT writes each packet as it comes (Matroska holds a cluster back), so the decoder
+            # gets every frame the source sent, the last before a stall too.
+            pipe = av.open(file, "w", format="nut", options={"flush_packets": "1"})
+            if self._stopping:
+                return
+            self._source = _open_stream(self.source, 0 if self.source == "-" else None)
+            container, video = self._source.__enter__()
+            self.streams = _copied_streams(container, source_label(self.source), self.path, self.fmt)
+            out = pipe.add_stream_from_template(video)
+            self.ready.set()
+            self._copy(container, video, pipe, out)
+        except BaseException as e:  # the decoder then sees the pipe end; the driver says why
+            self.error = e
+        finally:
+            self.ready.set()
+            try:
+                if pipe is not None:
+                    pipe.close()
+            except Exception:
+                pass  # the reader is gone
+            self._done.set()
+
+    def _copy(self, container, video, pipe, out) -> None:
+        import av
+
+        shift: Fraction | None = None
+        feeding = True
+        for packet in container.demux(self.streams):
+            if self._stopping:
+                return
+            if packet.dts is None and packet.pts is None:
+                continue
+            base = packet.time_base
+            shown = Fraction(packet.pts if packet.pts is not None else packet.dts) * base
+            if shift is None:
+                if packet.stream is not video or not packet.is_keyframe:
+                    continue
+                shift = shown
+            if shown < shift:
+                continue
+            offset = round(shift / base)
+            packet.pts = None if packet.pts is None else packet.pts - offset
+            packet.dts = None if packet.dts is None else packet.dts - offset
+            decoded = float(Fraction(packet.dts if packet.dts is not None else packet.pts) * base)
+            with self._lock:
+                self._packets.append((decoded, packet.stream.index, packet))
+            if feeding and packet.stream is video:
+                copy = av.Packet(bytes(packet))
+                copy.pts, copy.dts, copy.duration, copy.time_base = packet.pts, packet.dts, packet.duration, base
+                copy.is_keyframe = packet.is_keyframe
+                copy.stream = out
+                try:
+                    pipe.mux(copy)
+                except (av.FFmpegError, OSError):
+                    feeding = False  # the decoder has stopped reading; the output still gets the packets
+
+    def peek(self) -> tuple[float, int, object] | None:
+        with self._lock:
+            return self._packets[0] if self._packets else None
+
+    def pop(self) -> None:
+        with self._lock:
+            self._packets.popleft()
+
+    def ended(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for the source to end (its last packets kept); False after ``timeout`` seconds."""
+        return self._done.wait(timeout)
+
+    def close(self) -> None:
+        """Stop reading and remove the pipe. A thread still waiting for a reader to open the pipe
+        is given one that closes at once."""
+        self._stopping = True
+        if not self._done.is_set():
+            try:
+                os.close(os.open(self.path, os.O_RDONLY | os.O_NONBLOCK))
+            except OSError:
+                pass
+        elif self._source is not None:  # never while the thread may still be reading it
+            self._source.__exit__(None, None, None)
+            self._source = None
+        shutil.rmtree(self._folder, ignore_errors=True)
+
+
+# -- the writer ------------------------------------------------------------------------------
+
+
 class MuxWriter:
     """Writes cues into a copy of the input's container; the ``TrackWriter`` interface the
-    driver uses (``write``, ``close``, ``abort``, ``show``), so it is one more kind of output."""
+    driver uses (``write``, ``close``, ``abort``, ``show``), so it is one more kind of output.
+    ``packets`` is where the copied packets come from (``FilePackets`` or a ``LiveTee``)."""
 
     shows_text = False  # a container appears whole: no answers shown as they are generated
 
-    def __init__(
-        self,
-        sink,  # ffai.tracks' file sink: the temporary file and its placing
-        fmt: str,
-        header: TrackHeader,
-        *,
-        start: float = 0.0,
-        duration: float | None = None,
-        language: str | None = None,
-    ) -> None:
+    def __init__(self, sink, fmt: str, header: TrackHeader, packets, *, language: str | None = None) -> None:
         import av
 
         self._container = CONTAINERS[fmt]
-        self._sink = sink
+        self._sink = sink  # ffai.tracks' file sink: the temporary file and its placing
+        self._packets = packets
+        self._live = isinstance(packets, LiveTee)
         self._count = 0
+        self._last_end = 0.0
         self._done = False
-        source, output = header.source_path, sink.path
-        if header.fps is None:
-            raise UsageError(f"{source}: -o {fmt} needs a video input, not an image; write a track (.srt, .vtt, .json)")
-        self._opened = _open_input(path_of(source), output, fmt)
-        self._input = self._opened.container
-        self._temp: str | None = None
+        self._temp: str | None = None  # the file written, until it is placed
+        self._written: str | None = None
+        self._output = None
         try:
-            streams = _copied_streams(self._input, source, output, fmt)
-            self._temp = sink.create_temp()
-            self._output = av.open(self._temp, "w", format=self._container.muxer)
-            self._map = {s.index: self._copy_stream(s) for s in streams}
+            self._temp = self._written = sink.create_temp()
+            # live: each packet reaches the file as it is muxed, so the file is valid as it grows
+            options = {"flush_packets": "1", "max_interleave_delta": "1"} if self._live else {}
+            self._output = av.open(self._temp, "w", format=self._container.muxer, options=options)
+            self._map = {s.index: self._copy_stream(s) for s in packets.streams}
             self._subtitle = self._subtitle_stream(header, check_language(language))
             self._output.start_encoding()
-            self._packets = self._cut(streams, start, duration)
-            self._next = next(self._packets, None)
         except BaseException as e:
             self._discard()
             if isinstance(e, (av.FFmpegError, OSError)):
-                raise OutputError(f"{output}: {getattr(e, 'strerror', None) or e}") from e
+                raise OutputError(f"{sink.path}: {getattr(e, 'strerror', None) or e}") from e
             raise
-
-    # -- streams ------------------------------------------------------------------------------
 
     def _copy_stream(self, stream):
         out = self._output.add_stream_from_template(stream)
@@ -233,50 +443,13 @@ class MuxWriter:
         stream.disposition = _disposition().default
         return stream
 
-    def _cut(self, streams, start: float, duration: float | None) -> Iterator[tuple[float, object]]:
-        """(decode time in the output, packet) of every packet copied, in the input's order."""
-        video = _main_video(self._input)
-        origin = Fraction(video.start_time or 0) * video.time_base  # where cue time 0 is
-        begin = origin + Fraction(start)
-        end = None if duration is None else begin + Fraction(duration)
-        trim = start > 0
-        shift = Fraction(0)
-        if trim:
-            self._input.seek(round(begin / video.time_base), stream=video, backward=True, any_frame=False)
-            shift = None  # the first video keyframe sets it
-        self._cue_shift = origin  # cue ms -> output seconds, once the shift is known
-        stopped: set[int] = set()
-        for packet in self._input.demux(streams):
-            if packet.dts is None and packet.pts is None:
-                continue  # a demuxer's end-of-stream marker
-            stream, base = packet.stream, packet.time_base
-            shown = Fraction(packet.pts if packet.pts is not None else packet.dts) * base
-            decoded = Fraction(packet.dts if packet.dts is not None else packet.pts) * base
-            if shift is None:
-                if stream is not video or not packet.is_keyframe:
-                    continue  # nothing before the first keyframe is kept
-                shift = shown
-            if stream.index in stopped:
-                continue
-            if trim and stream is not video and shown < shift:
-                continue
-            if end is not None and (decoded if stream is video else shown) >= end:
-                stopped.add(stream.index)  # video: what follows in decode order may need it
-                continue
-            offset = round(shift / base)
-            if packet.pts is not None:
-                packet.pts -= offset
-            if packet.dts is not None:
-                packet.dts -= offset
-            packet.stream = self._map[stream.index]
-            self._cue_shift = origin - shift
-            yield float(decoded - shift), packet
-
     def _copy_until(self, seconds: float | None) -> None:
         """Mux the copied packets decoded before ``seconds`` in the output (None: all of them)."""
-        while self._next is not None and (seconds is None or self._next[0] < seconds):
-            self._output.mux(self._next[1])
-            self._next = next(self._packets, None)
+        while (item := self._packets.peek()) is not None and (seconds is None or item[0] < seconds):
+            _, index, packet = item
+            packet.stream = self._map[index]
+            self._output.mux(packet)
+            self._packets.pop()
 
     # -- the writer interface -----------------------------------------------------------------
 
@@ -290,7 +463,7 @@ class MuxWriter:
     def write(self, cue: Cue | Dropped) -> None:
         if self._done:
             raise ValueError("write to a closed output")
-        if isinstance(cue, Dropped):  # only live sources drop windows, and they are refused
+        if isinstance(cue, Dropped):  # a live source's skipped windows: no caption to show
             return
         self._guarded(self._write_cue, cue)
         self._count += 1
@@ -298,25 +471,34 @@ class MuxWriter:
     def _write_cue(self, cue: Cue) -> None:
         import av
 
-        start_s = float(self._cue_shift) + cue.start_ms / 1000
-        self._copy_until(start_s)
+        start = self._packets.cue_offset + cue.start_ms / 1000
+        self._copy_until(start)
         payload = cue_payload(cue.text, self._container.subtitle)
-        if len(payload) <= (2 if self._container.subtitle == "mov_text" else 0):
-            return  # an empty answer shows nothing
-        packet = av.Packet(payload)
-        packet.time_base = _MS
-        packet.pts = packet.dts = round(start_s * 1000)
-        packet.duration = cue.end_ms - cue.start_ms
-        packet.stream = self._subtitle
-        self._output.mux(packet)
-        self._last_end = start_s + packet.duration / 1000
+        if len(payload) > (2 if self._container.subtitle == "mov_text" else 0):  # an empty answer shows nothing
+            packet = av.Packet(payload)
+            packet.time_base = _MS
+            packet.pts = packet.dts = round(start * 1000)
+            packet.duration = cue.end_ms - cue.start_ms
+            packet.stream = self._subtitle
+            self._output.mux(packet)
+        self._last_end = start + (cue.end_ms - cue.start_ms) / 1000
+        if self._live and self._temp is not None:
+            # a stream's file is placed at its first cue and grows in place (the open file
+            # follows the rename), as an appended track does
+            self._sink.place(self._temp)
+            self._temp, self._written = None, self._sink.path
 
     def close(self) -> None:
         """Success: the rest of the streams, then the file is placed."""
         if self._done:
             return
         self._done = True
-        self._guarded(self._finish, None)
+        until = None
+        # A live source that ended (the decoder saw its end) gives its last packets; one that
+        # goes on (the run stopped at -t or --max-frames) is cut at the last cue's end.
+        if self._live and not self._packets.wait(_LIVE_END_WAIT_S):
+            until = self._last_end
+        self._guarded(self._finish, until)
 
     def abort(self) -> None:
         """Stopped: with finished cues, a file holding them and the streams up to the last
@@ -327,19 +509,20 @@ class MuxWriter:
         if self._count == 0:
             self._discard()
             return
-        self._guarded(self._finish, getattr(self, "_last_end", 0.0))
+        self._guarded(self._finish, self._last_end)
 
     def _finish(self, until: float | None) -> None:
         self._copy_until(until)
         self._output.close()
-        self._opened.__exit__()
-        fd = os.open(self._temp, os.O_RDONLY)
+        self._packets.close()
+        fd = os.open(self._written, os.O_RDONLY)
         try:
             os.fsync(fd)
         finally:
             os.close(fd)
-        self._sink.place(self._temp)
-        self._temp = None
+        if self._temp is not None:
+            self._sink.place(self._temp)
+            self._temp = None
 
     def _guarded(self, step, arg) -> None:
         import av
@@ -354,10 +537,11 @@ class MuxWriter:
             raise
 
     def _discard(self) -> None:
-        for close in (getattr(self, "_output", None), self._opened.container if hasattr(self, "_opened") else None):
+        """Close everything; remove the file unless it was placed (a live one holds its cues)."""
+        for item in (self._output, self._packets):
             try:
-                if close is not None:
-                    close.close()
+                if item is not None:
+                    item.close()
             except Exception:
                 pass  # the error that brought us here is the one to report
         if self._temp is not None:

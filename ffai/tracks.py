@@ -622,11 +622,13 @@ def open_track(
     start: float = 0.0,
     duration: float | None = None,
     language: str | None = None,
+    tee=None,
 ) -> TrackWriter:
     """A writer for ``output`` (a path; ``None`` or ``"-"`` is ``stream``, default stdout);
     ``partial`` adds ``--partial`` events (:func:`check_partial`). A container format (mkv,
     mp4, mov, webm) gives ``ffai.mux``'s writer, which copies the input cut at ``start`` for
-    ``duration`` seconds and tags its subtitle stream with ``language``.
+    ``duration`` seconds (or the live source ``tee`` reads, ``ffai.mux.LiveTee``) and tags its
+    subtitle stream with ``language``.
 
     Nothing is created here: the file appears at the first cue, or at ``close``."""
     from ffai import mux  # built on this module's sinks
@@ -634,12 +636,11 @@ def open_track(
     if mux.is_container(fmt):
         if partial:
             check_partial(output, fmt)
-        mux.check_job(header.source_path, output, fmt)
         check_output(output, overwrite)
         if _is_device(output):
             raise OutputError(f"{output}: -f {fmt} writes a regular file, not a device")
         sink = _FileSink(output, overwrite)
-        return mux.MuxWriter(sink, fmt, header, start=start, duration=duration, language=language)
+        return mux.open_mux(sink, fmt, header, start=start, duration=duration, language=language, tee=tee)
     if fmt not in _FORMAT_CLASSES:
         raise UsageError(f"unknown format {fmt!r} (choose from {', '.join(FORMATS)})")
     check_output(output, overwrite)

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import av
 import pytest
-from media_fixtures import reencode_vp9
 from PIL import Image
 
 from ffai.cli import run
+from media_fixtures import reencode_vp9
 
 pytestmark = pytest.mark.browser
 
