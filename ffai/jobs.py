@@ -320,7 +320,7 @@ class _Driver:
         job = self.jobs[i]
         if mux.is_container(job.fmt) and is_live(job.source):
             if i not in self.tees:  # read once: a retry finds the same tee
-                self.tees[i] = mux.LiveTee(job.source, job.fmt)
+                self.tees[i] = mux.LiveTee(job.source, job.output, job.fmt)
             return self.tees[i].path
         return job.source
 

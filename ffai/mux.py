@@ -28,6 +28,7 @@ The input is demuxed in this process (the driver's; on Ray too): packets are rea
 
 from __future__ import annotations
 
+import functools
 import html
 import io
 import os
@@ -144,10 +145,11 @@ def _copied_streams(container, source: str, output: str, fmt: str) -> list:
 
 
 def _codec_name(stream) -> str:
-    context = stream.codec_context
-    return context.codec.name if context is not None else "unknown"
+    context = stream.codec_context  # None: FFmpeg knows no decoder for the stream's codec
+    return context.codec.canonical_name if context is not None else "unknown"
 
 
+@functools.cache
 def _codecs_held(muxer: str) -> frozenset[str]:
     import av
 
@@ -203,8 +205,11 @@ class FilePackets:
     def __init__(self, source: str, output: str, fmt: str, start: float = 0.0, duration: float | None = None):
         import av
 
+        from ffai.media.boxes import check_sample_claims
+
         path = path_of(source)
         try:
+            check_sample_claims(path)  # a damaged MP4 index would have FFmpeg allocate gigabytes
             self._input = av.open(str(path), metadata_errors="ignore")
         except (av.FFmpegError, OSError) as e:
             raise MediaError(f"{path}: cannot be read for -o {fmt} ({getattr(e, 'strerror', None) or e})") from e
@@ -274,8 +279,8 @@ class LiveTee:
     from the first video keyframe on, whose time becomes 0 for both readers (and so for the
     cues). A source that cannot be opened or read ends the pipe; ``error`` says why."""
 
-    def __init__(self, source: str, fmt: str) -> None:
-        self.source, self.fmt = source, fmt
+    def __init__(self, source: str, output: str, fmt: str) -> None:
+        self.source, self.output, self.fmt = source, output, fmt
         self.error: BaseException | None = None
         self.streams: list = []
         self.cue_offset = 0.0
@@ -308,7 +313,7 @@ class LiveTee:
                 return
             self._source = _open_stream(self.source, 0 if self.source == "-" else None)
             container, video = self._source.__enter__()
-            self.streams = _copied_streams(container, source_label(self.source), self.path, self.fmt)
+            self.streams = _copied_streams(container, source_label(self.source), self.output, self.fmt)
             out = pipe.add_stream_from_template(video)
             self.ready.set()
             self._copy(container, video, pipe, out)

@@ -253,3 +253,42 @@ def test_ctrl_c_after_a_cue_leaves_a_file_with_it(tiny_checkpoint, tmp_path):
     untouched = open_track(str(tmp_path / "none.mkv"), "mkv", header, overwrite=False)
     untouched.abort()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.mkv", "out.mkv"]
+
+
+@pytest.mark.ray
+def test_a_ray_run_writes_the_same_container_through_its_driver(capsys, tmp_path):
+    """On a local Ray the cluster captions and the driver copies the streams: the same packets,
+    and the cues a local run on one torch thread (as each actor computes) writes."""
+    import subprocess
+    import sys
+
+    source = make_av_clip(tmp_path / "in.mkv", 2, "libx264", "aac")
+    flags = ["-i", str(source), "--model", "smolvlm-demo", *FLAGS]
+    out, track = tmp_path / "ray.mkv", tmp_path / "local.srt"
+    assert run(["caption", *flags, "--threads", "1", "-o", str(track)]) == 0, capsys.readouterr().err
+    command = [sys.executable, "-m", "ffai", "caption", *flags, "--ray", "local", "--ray-actors", "1", "-o", str(out)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    for kind in ("video", "audio"):
+        assert packets(out, kind) == packets(source, kind)
+    assert as_tuples(subtitle_cues(out)[1]) == track_cues(track)
+
+
+def test_a_live_source_is_not_copied_on_ray(capsys, tmp_path):
+    code = run(["caption", "-i", "-", "--ray", "local", "-o", str(tmp_path / "live.mkv")])
+    one_error(code, capsys.readouterr().err, 2, "by a local run, not --ray")
+
+
+def test_mp4_into_mkv_moves_every_stream_and_the_cues_together(capsys, tiny_checkpoint, tmp_path):
+    """The README's line: an MP4 whose AAC starts before 0 (its priming samples) into Matroska,
+    which starts no stream before 0: every stream and the cues move by the same amount."""
+    source = make_av_clip(tmp_path / "clip.mp4", 2, "libx264", "aac")
+    out, track = tmp_path / "clip.captioned.mkv", tmp_path / "clip.srt"
+    assert caption(capsys, tiny_checkpoint, source, out)[0] == 0
+    assert caption(capsys, tiny_checkpoint, source, track)[0] == 0
+    audio = packets(source, "audio")[0]
+    shift = -audio[0][1]  # microseconds: the first AAC packet at -64 ms lands at 0
+    assert shift == 64_000
+    for kind in ("video", "audio"):
+        assert packets(out, kind)[0] == [(data, pts + shift) for data, pts in packets(source, kind)[0]]
+    assert as_tuples(subtitle_cues(out)[1]) == track_cues(track, shift_ms=shift // 1000)
