@@ -470,7 +470,7 @@ class MuxWriter:
             raise ValueError("write to a closed output")
         if isinstance(cue, Dropped):  # a live source's skipped windows: no caption to show
             return
-        self._guarded(self._write_cue, cue)
+        self._guarded(self._write_cue, cue, interruptible=True)
         self._count += 1
 
     def _write_cue(self, cue: Cue) -> None:
@@ -529,12 +529,16 @@ class MuxWriter:
             self._sink.place(self._temp)
             self._temp = None
 
-    def _guarded(self, step, arg) -> None:
+    def _guarded(self, step, arg, *, interruptible: bool = False) -> None:
+        """Run ``step(arg)``; a failure closes everything and removes the file unless placed.
+        ``interruptible``: Ctrl-C between two packets leaves the writer for ``abort`` to finish."""
         import av
 
         try:
             step(arg)
         except BaseException as e:
+            if interruptible and isinstance(e, KeyboardInterrupt):
+                raise
             self._done = True
             self._discard()
             if isinstance(e, (av.FFmpegError, OSError)) and not isinstance(e, FfaiError):
