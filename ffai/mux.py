@@ -34,6 +34,7 @@ import io
 import os
 import re
 import shutil
+import sys
 import tempfile
 import threading
 from collections import deque
@@ -43,7 +44,7 @@ from typing import Iterator
 
 from ffai.cues import Cue, Dropped, TrackHeader
 from ffai.errors import FfaiError, MediaError, OutputError, UsageError
-from ffai.media.sources import is_live, path_of, source_label
+from ffai.media.sources import STDIN, is_live, path_of, source_label
 from ffai.tracks import fold_line_breaks
 
 
@@ -263,9 +264,6 @@ class FilePackets:
     def pop(self) -> None:
         self._next = next(self._packets, None)
 
-    def ended(self) -> bool:
-        return True  # a file's packets are all there
-
     def close(self) -> None:
         self._input.close()
 
@@ -280,6 +278,8 @@ class LiveTee:
     cues). A source that cannot be opened or read ends the pipe; ``error`` says why."""
 
     def __init__(self, source: str, output: str, fmt: str) -> None:
+        if source == STDIN and sys.stdin is not None and sys.stdin.isatty():  # as the decoder refuses it
+            raise MediaError("stdin: is a terminal; pipe a stream into ffai (… | ffai caption -i -)")
         self.source, self.output, self.fmt = source, output, fmt
         self.error: BaseException | None = None
         self.streams: list = []
@@ -311,7 +311,7 @@ class LiveTee:
             pipe = av.open(file, "w", format="nut", options={"flush_packets": "1"})
             if self._stopping:
                 return
-            self._source = _open_stream(self.source, 0 if self.source == "-" else None)
+            self._source = _open_stream(self.source, 0 if self.source == STDIN else None)
             container, video = self._source.__enter__()
             self.streams = _copied_streams(container, source_label(self.source), self.output, self.fmt)
             out = pipe.add_stream_from_template(video)
@@ -369,9 +369,6 @@ class LiveTee:
     def pop(self) -> None:
         with self._lock:
             self._packets.popleft()
-
-    def ended(self) -> bool:
-        return self._done.is_set()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait for the source to end (its last packets kept); False after ``timeout`` seconds."""
