@@ -32,8 +32,6 @@ from ffai.tracks import (
     check_output,
     check_partial,
     may_show_answers,
-    open_track,
-    resolve_format,
     wants_thumbnails,
 )
 
@@ -68,7 +66,7 @@ def plan_jobs(inputs: Sequence[input_specs.Input], output: str | None, fmt: str 
             target = _fill(output, item)
         elif output is None and fmt is not None and several:
             target = os.path.splitext(item.source)[0] + "." + fmt
-        jobs.append(Job(item.source, target, resolve_format(target, fmt)))
+        jobs.append(Job(item.source, target, mux.resolve_format(target, fmt)))
     writers: dict[str, str] = {}
     for job in jobs:
         if not job.to_file:
@@ -345,7 +343,7 @@ class _Driver:
         self._progress("started", info)
         try:
             header = self._header(info)
-            self.writers[i] = open_track(
+            self.writers[i] = mux.open_output(
                 job.output,
                 job.fmt,
                 header,

@@ -45,7 +45,8 @@ from typing import Iterator
 from ffai.cues import Cue, Dropped, TrackHeader
 from ffai.errors import FfaiError, MediaError, OutputError, UsageError
 from ffai.media.sources import STDIN, is_live, path_of, source_label
-from ffai.tracks import fold_line_breaks
+from ffai.tracks import TrackWriter, check_partial, fold_line_breaks, open_file_sink, open_track
+from ffai.tracks import resolve_format as resolve_track_format
 
 
 @dataclass(frozen=True)
@@ -158,6 +159,36 @@ def _codecs_held(muxer: str) -> frozenset[str]:
         return frozenset(probe.supported_codecs)
 
 
+def resolve_format(output: str | None, fmt: str | None) -> str:
+    """``-f``, else the output's extension: a track format (``ffai.tracks``) or a container."""
+    return resolve_track_format(output, fmt, more=tuple(CONTAINERS))
+
+
+def open_output(
+    output: str | None,
+    fmt: str,
+    header: TrackHeader,
+    *,
+    overwrite: bool,
+    partial: bool = False,
+    start: float = 0.0,
+    duration: float | None = None,
+    language: str | None = None,
+    tee: LiveTee | None = None,
+) -> TrackWriter | MuxWriter:
+    """The writer of any output a caption run writes: a container (mkv, mp4, mov, webm) copying
+    the file ``header.source_path`` cut at ``start`` for ``duration`` seconds, or the live source
+    ``tee`` reads, its subtitle stream tagged ``language``; else ``ffai.tracks.open_track``'s."""
+    if not is_container(fmt):
+        return open_track(output, fmt, header, overwrite=overwrite, partial=partial)
+    if partial:
+        check_partial(output, fmt)
+    if tee is None:  # a tee's source is live, and was checked when the tee was made
+        check_job(header.source_path, output, fmt)
+    sink = open_file_sink(output, fmt, overwrite)
+    return open_mux(sink, fmt, header, start=start, duration=duration, language=language, tee=tee)
+
+
 def check_source(source: str, output: str, fmt: str) -> None:
     """The file ``source`` can be copied into ``fmt``: a video (not a still or an animated image)
     whose every stream the container holds. Reads its headers and first packet; writes nothing."""
@@ -174,9 +205,8 @@ def open_mux(
     language: str | None = None,
     tee: LiveTee | None = None,
 ) -> MuxWriter:
-    """The writer of one container output (``ffai.tracks.open_track`` gives it for mkv, mp4, mov
-    and webm): the file ``header.source_path`` cut at ``start`` for ``duration`` seconds, or the
-    live source ``tee`` reads."""
+    """The writer of one container output into ``sink`` (``ffai.tracks``' file sink), as
+    :func:`open_output` describes it."""
     if header.fps is None:
         raise UsageError(
             f"{header.source_path}: -o {fmt} needs a video input, not an image; write a track (.srt, .vtt, .json)"
@@ -187,7 +217,6 @@ def open_mux(
             raise tee.error if isinstance(tee.error, FfaiError) else MediaError(f"{tee.source}: {tee.error}")
         packets = tee
     else:
-        check_job(header.source_path, sink.path, fmt)
         packets = FilePackets(header.source_path, sink.path, fmt, start, duration)
     try:
         return MuxWriter(sink, fmt, header, packets, language=language)

@@ -310,12 +310,10 @@ def _is_stdout(output: str | None) -> bool:
     return output is None or output == "-"
 
 
-def resolve_format(output: str | None, fmt: str | None) -> str:
-    """``-f`` wins; else the output's extension; stdout without ``-f`` is txt. Besides the track
-    formats, the containers ``ffai.mux`` writes (mkv, mp4, mov, webm)."""
-    from ffai.mux import CONTAINERS  # ffai.mux builds on this module's sinks
-
-    known = FORMATS + tuple(CONTAINERS)
+def resolve_format(output: str | None, fmt: str | None, more: tuple[str, ...] = ()) -> str:
+    """``-f`` wins; else the output's extension; stdout without ``-f`` is txt. ``more``: other
+    formats a caller writes besides tracks (``ffai.mux``'s containers)."""
+    known = FORMATS + more
     choices = ", ".join(known)
     if fmt is not None:
         if fmt.lower() not in known:
@@ -359,6 +357,15 @@ def check_output(output: str | None, overwrite: bool) -> None:
 
 
 # --- sinks: text → somewhere ----------------------------------------------------------
+
+
+def open_file_sink(output: str, fmt: str, overwrite: bool) -> _FileSink:
+    """The sink of a regular file that a writer other than a track's fills by name and then
+    places (``ffai.mux``'s containers): checked as a track's file is; a device is refused."""
+    check_output(output, overwrite)
+    if _is_device(output):
+        raise OutputError(f"{output}: -f {fmt} writes a regular file, not a device")
+    return _FileSink(output, overwrite)
 
 
 class _StreamSink:
@@ -619,28 +626,11 @@ def open_track(
     overwrite: bool,
     stream: IO[str] | None = None,
     partial: bool = False,
-    start: float = 0.0,
-    duration: float | None = None,
-    language: str | None = None,
-    tee=None,
 ) -> TrackWriter:
     """A writer for ``output`` (a path; ``None`` or ``"-"`` is ``stream``, default stdout);
-    ``partial`` adds ``--partial`` events (:func:`check_partial`). A container format (mkv,
-    mp4, mov, webm) gives ``ffai.mux``'s writer, which copies the input cut at ``start`` for
-    ``duration`` seconds (or the live source ``tee`` reads, ``ffai.mux.LiveTee``) and tags its
-    subtitle stream with ``language``.
+    ``partial`` adds ``--partial`` events (:func:`check_partial`).
 
     Nothing is created here: the file appears at the first cue, or at ``close``."""
-    from ffai import mux  # built on this module's sinks
-
-    if mux.is_container(fmt):
-        if partial:
-            check_partial(output, fmt)
-        check_output(output, overwrite)
-        if _is_device(output):
-            raise OutputError(f"{output}: -f {fmt} writes a regular file, not a device")
-        sink = _FileSink(output, overwrite)
-        return mux.open_mux(sink, fmt, header, start=start, duration=duration, language=language, tee=tee)
     if fmt not in _FORMAT_CLASSES:
         raise UsageError(f"unknown format {fmt!r} (choose from {', '.join(FORMATS)})")
     check_output(output, overwrite)

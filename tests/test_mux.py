@@ -237,12 +237,12 @@ def test_ctrl_c_after_a_cue_leaves_a_file_with_it(tiny_checkpoint, tmp_path):
     """The writer stopped after its first cue (as the driver stops it on Ctrl-C) finishes a
     file holding that cue and the streams up to its end."""
     from ffai.cues import Cue, TrackHeader
-    from ffai.tracks import open_track
+    from ffai.mux import open_output
 
     source = make_av_clip(tmp_path / "in.mkv", 4, "libx264", "aac")
     header = TrackHeader(str(source), 4.0, 64, 48, "smolvlm", "m", 2.0, 2, None, 6, None)
     out = tmp_path / "out.mkv"
-    writer = open_track(str(out), "mkv", header, overwrite=False)
+    writer = open_output(str(out), "mkv", header, overwrite=False)
     writer.write(Cue(1, 0, 1000, (0, 500), "first"))
     assert not out.exists()
     writer.abort()
@@ -250,7 +250,7 @@ def test_ctrl_c_after_a_cue_leaves_a_file_with_it(tiny_checkpoint, tmp_path):
     kept, whole = packets(out, "video")[0], packets(source, "video")[0]
     assert 10 <= len(kept) < len(whole) and kept == whole[: len(kept)]  # decoded up to the cue's end
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
-    untouched = open_track(str(tmp_path / "none.mkv"), "mkv", header, overwrite=False)
+    untouched = open_output(str(tmp_path / "none.mkv"), "mkv", header, overwrite=False)
     untouched.abort()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.mkv", "out.mkv"]
 

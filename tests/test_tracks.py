@@ -432,7 +432,7 @@ def test_resolve_format(output, fmt, want):
 @pytest.mark.parametrize(
     "output, fmt, message",
     [
-        ("a.avi", None, "a.avi: cannot tell the track format from extension '.avi'"),
+        ("a.mp4", None, "a.mp4: cannot tell the track format from extension '.mp4'"),
         ("captions", None, "captions: cannot tell the track format from no extension"),
         ("a.srt", "ass", "unknown format 'ass'"),
         ("-", "xml", "unknown format 'xml'"),
