@@ -294,3 +294,28 @@ def test_mp4_into_mkv_moves_every_stream_and_the_cues_together(capsys, tiny_chec
     for kind in ("video", "audio"):
         assert packets(out, kind)[0] == [(data, pts + shift) for data, pts in packets(source, kind)[0]]
     assert as_tuples(subtitle_cues(out)[1]) == track_cues(track, shift_ms=shift // 1000)
+
+
+def test_an_h264_cut_with_b_frames_keeps_what_its_frames_need(capsys, tiny_checkpoint, tmp_path):
+    """B-frames are decoded after the frame they show before: the copy ends at the first packet
+    decoded at or after the end (ffmpeg's -t with -c copy), so every frame kept decodes."""
+    source = make_av_clip(tmp_path / "in.mp4", 4, "libx264", None)
+    out, track = tmp_path / "cut.mp4", tmp_path / "cut.srt"
+    cut = ["-ss", "1.2", "-t", "1"]
+    assert caption(capsys, tiny_checkpoint, source, out, *cut)[0] == 0
+    assert caption(capsys, tiny_checkpoint, source, track, *cut)[0] == 0
+
+    def decode_order(path: Path) -> list[tuple[bytes, int, int]]:
+        with av.open(str(path)) as container:
+            stream = container.streams.video[0]
+            us = stream.time_base * 1_000_000
+            return [(bytes(p), round(p.pts * us), round(p.dts * us)) for p in container.demux(stream) if p.size]
+
+    whole, kept = decode_order(source), decode_order(out)
+    assert any(pts < prev for (_, pts, _), (_, prev, _) in zip(whole[1:], whole)), "the clip has B-frames"
+    first = next(i for i, (_, pts, _) in enumerate(whole) if pts == 1_000_000)
+    last = next(i for i, (_, _, dts) in enumerate(whole) if dts >= 2_200_000)
+    assert [(d, pts - 1_000_000) for d, pts, _ in whole[first:last]] == [(d, pts) for d, pts, _ in kept]
+    with av.open(str(out)) as container:
+        assert len(list(container.decode(video=0))) == len(kept)  # every frame kept decodes
+    assert as_tuples(subtitle_cues(out)[1]) == track_cues(track, shift_ms=-1000)
