@@ -403,7 +403,8 @@ class _Driver:
             reason, transient = str(broken), False
         else:
             transient = event.transient
-        retry = transient and self.attempts[i] <= self.retries
+        # a live source a tee read is gone once read: its output keeps what it got
+        retry = transient and self.attempts[i] <= self.retries and i not in self.tees
         tee = self.tees.get(i)
         if tee is not None:  # the decoder read the tee's pipe: name the source, or why the tee failed
             reason = str(tee.error) if tee.error is not None else reason.replace(tee.path, source_label(job.source))
