@@ -101,23 +101,40 @@ _PRINTER = _Printer(messages.NOTE)
 
 @app.command()
 def engines(as_json: AsJson = False) -> None:
-    """List the engines that can run, by name."""
+    """List the engines that can run, by name, and which kernels each runs here in each dtype."""
     from ffai import registry
 
     infos = registry.engine_infos()
     cpu = host.cpu_info()
     # Which dtypes run at least as fast as float32 is the CPU's doing (ffai.host), the same for
-    # every engine; float32 is the exact one.
+    # every engine; float32 is the exact one. Which kernels run them is each engine's own report.
     fast = list(cpu.fast_dtypes())
+    kernels = {}
+    for i in infos:
+        report = getattr(registry.get_engine(i.name), "kernels", None)
+        kernels[i.name] = report(cpu.flags) if report is not None else None
     if as_json:
-        typer.echo(json.dumps([{**asdict(i), "fast_dtypes": fast} for i in infos], indent=2, ensure_ascii=False))
+        rows = [{**asdict(i), "fast_dtypes": fast, "kernels": kernels[i.name]} for i in infos]
+        typer.echo(json.dumps(rows, indent=2, ensure_ascii=False))
         return
     table = Table(title="ffai engines", caption=f"CPU: {cpu.describe()}; fast dtypes here: {', '.join(fast)}")
     for column in ("name", "task", "status", "default model", "description"):
         table.add_column(column)
     for i in infos:
         table.add_row(i.name, i.task, i.status, i.default_model, i.description)
-    Console(highlight=False).print(table)
+    console = Console(highlight=False)
+    console.print(table)
+    for name, report in kernels.items():
+        if report is None:
+            continue
+        console.print(
+            f"{name} on this CPU: float32 for exact output (archives, evaluation); "
+            f"--dtype {report['throughput_dtype']} for throughput",
+            markup=False,
+        )
+        for dtype, groups in report["dtypes"].items():
+            for g in groups:
+                console.print(f"  {dtype:<8}  {g['layers']}: {g['kernel']} ({g['why']})", markup=False)
 
 
 from ffai.bench.cli import bench_app  # noqa: E402  (light: no torch, transformers or av at import)

@@ -63,7 +63,7 @@ def test_install_hints_in_help_keep_their_extras():
 def test_engines_table_lists_smolvlm():
     proc = ffai("engines")
     assert proc.returncode == 0, proc.stderr
-    for word in ("smolvlm", "vlm", "smolvlm2-256m-video-instruct"):
+    for word in ("smolvlm", "vlm", "smolvlm2-256m-video-instruct", "for throughput", "int8 "):
         assert word in proc.stdout
 
 
@@ -75,8 +75,11 @@ def test_engines_json():
     assert smol["task"] == "vlm"
     assert smol["status"] in ("experimental", "stable")
     assert smol["default_model"] == "smolvlm2-256m-video-instruct"
-    assert set(smol) == {"name", "task", "status", "description", "default_model", "fast_dtypes"}
+    assert set(smol) == {"name", "task", "status", "description", "default_model", "fast_dtypes", "kernels"}
     assert smol["fast_dtypes"][0] == "float32" and set(smol["fast_dtypes"]) <= {"float32", "bfloat16", "int8"}
+    # which kernels run each dtype here and why (the engine's report, tests/test_smolvlm_precision.py)
+    assert set(smol["kernels"]["dtypes"]) == {"float32", "int8", "bfloat16"}
+    assert smol["kernels"]["throughput_dtype"] in ("float32", "bfloat16", "int8")
 
 
 def test_version():

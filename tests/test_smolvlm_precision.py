@@ -22,7 +22,7 @@ from ffai.cli import run
 from ffai.engine import DecodingOptions, Request, RuntimeOptions
 from ffai.errors import UsageError
 from ffai.inline import InlineEngine
-from ffai_smolvlm import precision
+from ffai_smolvlm import kernels, precision
 from ffai_smolvlm.engine import ENGINE
 from ffai_smolvlm.generate import prefill
 from ffai_smolvlm.layers import FileEmbedding
@@ -38,6 +38,7 @@ from ffai_smolvlm.precision import (
     BF16_ONEDNN,
     INT8,
     INT8_BY_ROW,
+    INT8_ONEDNN,
     PLAIN,
     Attention,
     onednn_bf16,
@@ -65,18 +66,57 @@ def test_the_float32_plan_is_the_exact_path():
     assert not plan.embeddings_in_file and not plan.staged
 
 
-def test_the_int8_plan_by_cpu():
-    """Every linear int8, the down projections and the connector by row; 8-bit activations only
-    where the int8 dot product sums into 32 bits; the table left in its file."""
+@pytest.mark.parametrize("native", [True, False])
+def test_the_int8_plan_by_cpu(monkeypatch, native):
+    """Every linear int8. The vision tower's activations int8 by tile, on oneDNN where the CPU
+    has AMX-INT8, on fbgemm elsewhere; with native bfloat16 the connector and the text tower
+    (LM head aside) keep their activations unquantised, without it only the down projections
+    and the connector take rows by themselves. 8-bit activations only where the int8 dot
+    product sums into 32 bits; the table left in its file."""
+    monkeypatch.setattr(precision, "onednn_bf16", lambda device="cpu": native)
     reduce_range = {EPYC_ZEN4: False, SAPPHIRE_RAPIDS: False, AVX2_ONLY: True, GRAVITON3: True, SSE_ONLY: True}
     for text, reduced in reduce_range.items():
         plan = plan_precision("int8", "auto", host.parse_cpuinfo(text))
         assert plan.device == "cpu" and plan.weights == torch.float32 and plan.float32_parts == ()
         kinds = {name: plan.linear(name) for name in LINEARS}
-        assert kinds == {name: INT8_BY_ROW if "down_proj" in name or "connector" in name else INT8 for name in LINEARS}
+        vision = INT8_ONEDNN if text == SAPPHIRE_RAPIDS else INT8
+        by_row = {"text.layers.3.mlp.down_proj", "connector.modality_projection.proj"}
+        if native:
+            by_row |= {"text.layers.0.mlp.gate_up"}
+        expected = {
+            name: vision if name.startswith("vision.") else INT8_BY_ROW if name in by_row else INT8 for name in LINEARS
+        }
+        assert kinds == expected, text
         assert plan.int8.reduce_range is reduced, text
-        assert plan.int8.rows_dtype == (torch.bfloat16 if onednn_bf16() else torch.float32)
+        assert plan.int8.rows_dtype == (torch.bfloat16 if native else torch.float32)
         assert plan.embeddings_in_file and plan.staged
+
+
+def test_ffai_engines_reports_the_plans_kernels():
+    """The report ``ffai engines`` prints is made from the rules the plan applies: oneDNN only
+    named where the plan packs for it, 7-bit activations where the plan reduces the range, the
+    one-row kernel of the by-row layers as the layer picks it; int8 for throughput wherever the
+    CPU has an int8 dot product."""
+    for text in (SAPPHIRE_RAPIDS, EPYC_ZEN4, AVX2_ONLY, GRAVITON3, SSE_ONLY):
+        flags = host.parse_cpuinfo(text).flags
+        report = ENGINE.kernels(flags)
+        int8 = report["dtypes"]["int8"]
+        native = kernels.native_bf16(flags)
+        assert [g["layers"] for g in int8][0] == "vision tower"
+        assert ("oneDNN" in int8[0]["kernel"]) is ("amx_int8" in flags), text
+        assert all(
+            ("7-bit" in g["kernel"]) is not bool(flags & kernels.INT8_FULL_RANGE_FLAGS)
+            for g in int8
+            if "x int8" in g["kernel"]
+        )
+        by_row = next(g["kernel"] for g in int8 if "rows" in g["kernel"])
+        assert ("_weight_int8pack_mm" in by_row) is native and ("_int_mm" in by_row) is (
+            not native and bool(flags & kernels.INT8_FULL_RANGE_FLAGS)
+        ), text
+        assert ("AMX" in report["dtypes"]["bfloat16"][0]["kernel"]) is ("amx_bf16" in flags)
+    assert ENGINE.kernels(host.parse_cpuinfo(SAPPHIRE_RAPIDS).flags)["throughput_dtype"] == "int8"
+    assert ENGINE.kernels(host.parse_cpuinfo(AVX2_ONLY).flags)["throughput_dtype"] == "int8"
+    assert ENGINE.kernels(host.parse_cpuinfo(SSE_ONLY).flags)["throughput_dtype"] == "float32"
 
 
 @pytest.mark.parametrize("native", [True, False])
@@ -153,11 +193,16 @@ def test_int8_refuses_cuda(tiny_checkpoint):
 
 
 @pytest.fixture(scope="module")
-def int8_model(tiny_checkpoint):
-    return load_model(tiny_checkpoint, plan_precision("int8"))
+def int8_plan():
+    return plan_precision("int8")
 
 
-def test_int8_model_holds_no_float32_copy_of_a_quantised_weight(tiny_checkpoint, int8_model):
+@pytest.fixture(scope="module")
+def int8_model(tiny_checkpoint, int8_plan):
+    return load_model(tiny_checkpoint, int8_plan)
+
+
+def test_int8_model_holds_no_float32_copy_of_a_quantised_weight(tiny_checkpoint, int8_plan, int8_model):
     exact = load_model(tiny_checkpoint)
     linears = [name for name, m in exact.named_modules() if isinstance(m, torch.nn.Linear)]
     # Every linear layer of both towers, the connector and the LM head.
@@ -165,9 +210,7 @@ def test_int8_model_holds_no_float32_copy_of_a_quantised_weight(tiny_checkpoint,
     assert any(n.endswith("self_attn.qkv") for n in linears) and any(n.endswith("mlp.fc1") for n in linears)
     for name in linears:
         layer = int8_model.get_submodule(name)
-        row_scaled = (name.startswith("text.layers.") and name.endswith(".mlp.down_proj")) or name.startswith(
-            "connector."
-        )
+        row_scaled = int8_plan.linear(name) == INT8_BY_ROW  # which ones: test_the_int8_plan_by_cpu
         assert isinstance(layer, RowScaledLinear if row_scaled else QuantizedLinear), name
         assert not list(layer.parameters()) and not list(layer.buffers()), name
         reference = exact.get_submodule(name)
@@ -411,3 +454,96 @@ def test_packed_bfloat16_linear_is_torchs_bfloat16_product():
     assert torch.equal(y, expected)
     one = layer(x[:1, :1])
     assert torch.allclose(one, expected[:1, :1], rtol=2**-7, atol=1e-2)
+
+
+def _on_the_int8_grid(gen: torch.Generator, rows: int, inputs: int, outputs: int):
+    """Inputs and weights that int8 quantisation represents exactly: integer inputs spanning
+    -128..127 (a dynamic range whose step is 1), weights of integers up to 127 per row times the
+    row's scale; and their product in float64, which an exact int8 kernel must give."""
+    x = torch.randint(-128, 128, (rows, inputs), generator=gen).float()
+    x[0, :2] = torch.tensor([-128.0, 127.0])
+    w_int = torch.randint(-127, 128, (outputs, inputs), generator=gen).float()
+    w_int[:, 0] = 127.0  # each row's largest magnitude: its scale is exactly the chosen step
+    step = torch.rand(outputs, generator=gen) * 0.01 + 0.001
+    exact = (x.double() @ w_int.double().t()) * step.double()
+    return x, w_int * step[:, None], exact
+
+
+@pytest.mark.parametrize("engine", ["fbgemm", "onednn"])
+def test_int8_linear_products_are_exact_on_either_engine(engine):
+    """Inputs on the int8 grid: the int8 layer's output is the exact product to float32's
+    rounding, packed for fbgemm or oneDNN (AMX tiles where the CPU has them, else oneDNN's VNNI or
+    AVX-512 kernels: integer sums are the same at any ISA that does not saturate). Random inputs:
+    within int8's rounding of the float product."""
+    if engine not in torch.backends.quantized.supported_engines:
+        pytest.skip(f"torch has no {engine} engine here")
+    gen = torch.Generator().manual_seed(3)
+    x, weight, exact = _on_the_int8_grid(gen, 40, 256, 96)
+    layer = QuantizedLinear(weight, None, reduce_range=False, engine=engine)
+    assert layer.engine == engine and f"int8 ({engine})" in repr(layer)
+    y = layer(x)
+    assert ((y.double() - exact).abs() <= 1e-6 * exact.abs() + 1e-6).all()
+    rows = torch.randn(2, 40, 256, generator=gen)
+    reference = F.linear(rows, weight)
+    assert _cosine(layer(rows), reference) > 0.9998
+    with pytest.raises(ValueError, match="no quantised engine"):
+        QuantizedLinear(weight, None, reduce_range=False, engine="nonesuch")
+
+
+EXACTNESS = """
+import json, torch
+from ffai_smolvlm.opt_in_linears import QuantizedLinear
+gen = torch.Generator().manual_seed(5)
+x = torch.randint(-127, 128, (64, 512), generator=gen, dtype=torch.int8)
+w = torch.randint(-127, 128, (128, 512), generator=gen, dtype=torch.int8)
+w[:, 0] = 127
+exact = x.long() @ w.long().t()
+int_mm = torch.equal(torch._int_mm(x, w.t()).long(), exact)
+xf = x.float()
+xf[0, :2] = torch.tensor([-128.0, 127.0])
+y = QuantizedLinear(w.float(), None, reduce_range=False, engine="onednn")(xf).double()
+onednn = bool(((y - xf.double() @ w.double().t()).abs() <= 1e-6 * y.abs() + 1e-3).all())
+print(json.dumps({"int_mm": int_mm, "onednn": onednn}))
+"""
+
+
+@pytest.mark.skipif(
+    not host.cpu_info().flags & {"avx512_vnni", "amx_int8"}, reason="needs a CPU with AVX-512 VNNI or AMX-INT8"
+)
+def test_onednns_int8_is_exact_where_the_plan_uses_it_and_not_on_avx2(tmp_path):
+    """The int8 products the plan sends to oneDNN (torch._int_mm, oneDNN-packed linears) are
+    exact with oneDNN held to AVX-512 VNNI and at this CPU's best ISA (AMX where present); held to
+    AVX2, 8-bit operands saturate its 16-bit sums, which is why AVX2 CPUs get neither (the plan
+    and RowScaledLinear's int_mm switch, tested above)."""
+    import os
+    import subprocess
+    import sys
+
+    def run(isa: str | None) -> dict:
+        env = {k: v for k, v in os.environ.items() if k != "ONEDNN_MAX_CPU_ISA"}
+        if isa:
+            env["ONEDNN_MAX_CPU_ISA"] = isa
+        out = subprocess.run([sys.executable, "-c", EXACTNESS], env=env, capture_output=True, text=True, check=True)
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    assert run(None) == {"int_mm": True, "onednn": True}
+    assert run("AVX512_CORE_VNNI") == {"int_mm": True, "onednn": True}
+    assert run("AVX2") != {"int_mm": True, "onednn": True}
+    avx2 = plan_precision("int8", "cpu", host.parse_cpuinfo(AVX2_ONLY))
+    assert avx2.int8.reduce_range and INT8_ONEDNN not in {kind for _, kind in avx2.linears}
+
+
+def test_row_scaled_one_row_is_the_prefills_product_of_that_row():
+    """A decode row through the one-row kernel gives what the same row gives among a prefill's
+    rows, to bfloat16's rounding of the output; without native int8 sums (int_mm=False) one row
+    is the float32 product with the exact int8 weight."""
+    gen = torch.Generator().manual_seed(4)
+    weight, bias = torch.randn(80, 192, generator=gen) * 0.05, torch.randn(80, generator=gen)
+    rows = torch.randn(6, 192, generator=gen)
+    bf16 = RowScaledLinear(weight, bias, rows_dtype=torch.bfloat16)
+    many = bf16(rows)
+    for r in range(rows.shape[0]):
+        assert torch.allclose(bf16(rows[r : r + 1]), many[r : r + 1], rtol=2**-7, atol=2**-7 * many.abs().max())
+    plain = RowScaledLinear(weight, bias, rows_dtype=torch.float32, int_mm=False)
+    dequantised = plain.int8_weight.float() * plain.scale[:, None]
+    assert torch.allclose(plain(rows[:1]), F.linear(rows[:1], dequantised, bias), rtol=1e-5, atol=1e-5)

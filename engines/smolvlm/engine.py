@@ -58,6 +58,13 @@ class SmolVLMEngine:
     info = INFO
     bench = "ffai_smolvlm.bench:HOOKS"  # ffai bench vlm's hooks (transformers as the reference)
 
+    def kernels(self, flags: frozenset[str]) -> dict:
+        """What runs each dtype's linears on a CPU with ``flags`` and the dtype for throughput
+        there, for ``ffai engines`` (torch-free: kernels' rules of the flags)."""
+        from ffai_smolvlm.kernels import report, throughput_dtype
+
+        return {"throughput_dtype": throughput_dtype(flags), "dtypes": report(flags)}
+
     def check_window(self, model_dir: Path, frames: int, options: DecodingOptions) -> None:
         from ffai_smolvlm.config import ModelConfig
         from ffai_smolvlm.preprocess import ProcessorConfig

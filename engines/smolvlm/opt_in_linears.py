@@ -17,32 +17,38 @@ class QuantizedLinear(nn.Module):
     """A linear layer with int8 weights and dynamically quantised activations (``--dtype int8``).
 
     The weight is quantised per output channel (symmetric, one float32 scale per row) and
-    prepacked once for torch's quantised engine (fbgemm's kernels under ``x86``: AVX2, AVX-512,
-    VNNI); each call quantises its input to 8 bits by the input's own range, multiplies in int8
-    with int32 sums and returns float32 (bias added in float32). The packed weight is the only
-    copy: no float32 weight stays resident. ``parts`` is kept from a ``layers.FusedLinear``.
-    fbgemm was the fastest of torch's int8 routes measured, for a tile's rows and a decode row
-    alike (docs/benchmarks.md).
+    prepacked once for torch's quantised ``engine`` (``fbgemm``: AVX2, AVX-512, VNNI; ``onednn``:
+    AMX-INT8 tiles where the CPU has them); each call quantises its input to 8 bits by the input's
+    own range, multiplies in int8 with int32 sums and returns float32 (bias added in float32). The
+    packed weight is the only copy: no float32 weight stays resident. ``parts`` is kept from a
+    ``layers.FusedLinear``. Which engine runs which layer on which CPU is ``kernels.int8_linears``'.
 
     ``reduce_range`` quantises activations to 7 bits, for CPUs whose int8 dot product
     saturates in 16 bits (AVX2's vpmaddubsw); AVX-512 VNNI sums u8 x s8 straight into 32 bits,
-    so there all 8 bits are used (``precision.INT8_FULL_RANGE_FLAGS``).
+    so there all 8 bits are used (``kernels.INT8_FULL_RANGE_FLAGS``).
     """
 
     def __init__(
-        self, weight: torch.Tensor, bias: torch.Tensor | None, *, reduce_range: bool, parts: tuple[int, ...] = ()
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        *,
+        reduce_range: bool,
+        parts: tuple[int, ...] = (),
+        engine: str = "fbgemm",
     ):
         super().__init__()
         self.out_features, self.in_features = weight.shape
         self.parts = parts
         self.reduce_range = reduce_range
-        self.packed = pack_int8(weight, bias)
+        self.engine = engine
+        self.packed = pack_int8(weight, bias, engine)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.quantized.linear_dynamic(x, self.packed, self.reduce_range)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, int8"
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 ({self.engine})"
 
 
 class RowScaledLinear(nn.Module):
@@ -51,32 +57,47 @@ class RowScaledLinear(nn.Module):
     output row), held plain, (out, in) int8, and no activation scale shared between rows.
 
     fbgemm's dynamic kernel gives all rows of a call one activation scale, which loses the small
-    rows of a prefill to its largest. So here one row (a decode step) is quantised to int8 by its
-    own range and multiplied by ``torch._int_mm`` (int32 sums); several rows (a prefill) are
-    multiplied in ``rows_dtype`` by the int8 weight cast exactly to it (int8 values are exact in
-    bfloat16), then scaled by row in float32: bfloat16 where the CPU multiplies it natively, where
-    its 8-bit mantissa is relative to each value, so no row and no channel is lost to another;
-    float32 elsewhere. ``precision.INT8_BY_ROW_LAYERS`` says which layers need it. Holding the
-    weight plain spares unpacking fbgemm's at every prefill call.
+    rows of a prefill to its largest. So here several rows (a prefill) are multiplied in
+    ``rows_dtype`` by the int8 weight cast exactly to it (int8 values are exact in bfloat16), then
+    scaled by row in float32: bfloat16 where the CPU multiplies it natively, where its 8-bit
+    mantissa is relative to each value, so no row and no channel is lost to another; float32
+    elsewhere. One row (a decode step) is the same product where ``rows_dtype`` is bfloat16
+    (``torch._weight_int8pack_mm``, a one-row kernel, with unit scales so the weight's stay
+    float32), and elsewhere quantised to int8 by its own range and multiplied by
+    ``torch._int_mm`` (int32 sums) where ``int_mm`` (the CPU sums u8 x s8 into 32 bits: oneDNN's
+    AVX2 kernel saturates in 16 and is not exact, tests/test_smolvlm_precision.py), else in
+    float32 by the weight cast exactly. ``kernels.int8_linears`` says which layers take it.
+    Holding the weight plain spares unpacking fbgemm's at every prefill call.
     """
 
     def __init__(
-        self, weight: torch.Tensor, bias: torch.Tensor | None, *, rows_dtype: torch.dtype, parts: tuple[int, ...] = ()
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        *,
+        rows_dtype: torch.dtype,
+        int_mm: bool = True,
+        parts: tuple[int, ...] = (),
     ) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape
         self.parts = parts
         self.rows_dtype = rows_dtype
+        self.int_mm = int_mm
         w = weight.detach().to(torch.float32)
         scale = row_scales(w)
         # Plain attributes, not buffers: int8 runs on the CPU only, and nothing here is trained.
         self.int8_weight = quantize_rows(w, scale)  # (out, in) int8
         self.scale = scale  # (out,) float32
         self.bias = None if bias is None else bias.detach().to(torch.float32)
+        self.unit = torch.ones(self.out_features, dtype=rows_dtype)  # _weight_int8pack_mm's scales
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
-        if rows.shape[0] == 1:  # the step as a Python float: fewer ops (int8 is CPU-only, no sync)
+        if rows.shape[0] == 1 and self.rows_dtype == torch.bfloat16:
+            y = torch._weight_int8pack_mm(rows.to(torch.bfloat16), self.int8_weight, self.unit)
+            y = y.float().mul_(self.scale)
+        elif rows.shape[0] == 1 and self.int_mm:  # the step as a Python float: fewer ops (CPU-only, no sync)
             step = max(float(rows.abs().max()), 1e-30) / 127.0
             y = torch._int_mm(torch.mul(rows, 1.0 / step).round_().to(torch.int8), self.int8_weight.t())
             y = torch.mul(y, self.scale * step)  # int32 sums -> float32
@@ -91,8 +112,10 @@ class RowScaledLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 by row ({self.rows_dtype})"
 
 
-def pack_int8(weight: torch.Tensor, bias: torch.Tensor | None):
-    """float (out, in) weight -> torch's prepacked int8 weight, per-row symmetric scales."""
+def pack_int8(weight: torch.Tensor, bias: torch.Tensor | None, engine: str = "fbgemm"):
+    """float (out, in) weight -> torch's int8 weight prepacked for the quantised ``engine``
+    (fbgemm, onednn), per-row symmetric scales. A packed weight keeps its engine's kernel
+    whichever engine torch has selected when it runs."""
     import warnings
 
     w = weight.detach().to(torch.float32)
@@ -103,7 +126,15 @@ def pack_int8(weight: torch.Tensor, bias: torch.Tensor | None):
         warnings.simplefilter("ignore", UserWarning)
         qweight = torch._make_per_channel_quantized_tensor(quantize_rows(w, scale), scale, zero, 0)
     b = None if bias is None else bias.detach().to(torch.float32)
-    return torch.ops.quantized.linear_prepack(qweight, b)
+    engines = torch.backends.quantized
+    if engine not in engines.supported_engines:
+        raise ValueError(f"torch has no quantised engine {engine!r} here (it has {engines.supported_engines})")
+    chosen = engines.engine
+    engines.engine = engine  # prepack reads the global choice; set only for this call
+    try:
+        return torch.ops.quantized.linear_prepack(qweight, b)
+    finally:
+        engines.engine = chosen
 
 
 def row_scales(w: torch.Tensor) -> torch.Tensor:

@@ -20,21 +20,12 @@ from ffai import host
 from ffai.engine import DTYPES
 from ffai.errors import UsageError
 
-# How a linear layer is held (PrecisionPlan.linear); the classes are in opt_in_linears.
-PLAIN = "plain"  # layers.Linear / nn.Linear, in the plan's ``weights`` dtype
-INT8 = "int8"  # QuantizedLinear: fbgemm's int8 weight, a call's activations quantised by one range
-INT8_BY_ROW = "int8 by row"  # RowScaledLinear: a plain int8 weight, no activation range shared by rows
-BF16_ONEDNN = "bfloat16 oneDNN"  # PackedBf16Linear: the weight reordered once for oneDNN's kernel
-
-# int8's linears taken by row: the text MLP's down projection, whose input (silu(gate) * up)
-# spans far wider ranges from token to token than any other layer's, and the connector, whose
-# 12288 inputs lose the most to one shared range. One activation range for all of a prefill's
-# rows put the prefill logits under the agreement gate.
-INT8_BY_ROW_LAYERS = r"text\.layers\.\d+\.mlp\.down_proj$|connector\.modality_projection\.proj$"
-
-# int8 dot products that sum u8 x s8 straight into 32 bits: activations may use all 8 bits.
-# Elsewhere (AVX2's vpmaddubsw saturates in 16 bits) they keep to 7.
-INT8_FULL_RANGE_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
+# The kinds of layer (re-exported for the loader) and which int8 linear is which, on any CPU.
+from .kernels import BF16_ONEDNN as BF16_ONEDNN
+from .kernels import INT8 as INT8
+from .kernels import INT8_BY_ROW as INT8_BY_ROW
+from .kernels import INT8_FULL_RANGE_FLAGS, PLAIN, int8_linears
+from .kernels import INT8_ONEDNN as INT8_ONEDNN
 
 # Query rows per block where the vision tower attends by blocks (vision.blocked_attention).
 ATTENTION_BLOCK = 128
@@ -87,7 +78,8 @@ def plan_precision(dtype: str, device: str = "cpu", cpu: host.CpuInfo | None = N
       table, RMSNorm weights) in float32, so its residual stream, norms and attention stay
       float32: a bfloat16 stream rounded 30 layers' sums to 8 bits of mantissa, under the gate.
       Where oneDNN has native bfloat16, each linear is reordered once for its kernel.
-    - int8: every linear in int8 (CPU only), ``INT8_BY_ROW_LAYERS`` by row; the rest float32.
+    - int8: every linear's weight in int8 (CPU only), held as ``kernels.int8_linears`` says for
+      this CPU; the rest float32.
 
     In both opt-in dtypes on the CPU the vision tower attends as the CPU runs it fastest, and
     the embedding table stays in its file where the LM head has its own copy."""
@@ -99,7 +91,7 @@ def plan_precision(dtype: str, device: str = "cpu", cpu: host.CpuInfo | None = N
     native_bf16 = onednn_bf16(device)
     int8 = None
     if dtype == "int8":
-        linears = ((INT8_BY_ROW_LAYERS, INT8_BY_ROW), (r".", INT8))
+        linears = int8_linears(cpu.flags, native_bf16)
         int8 = Int8(
             reduce_range=not cpu.flags & INT8_FULL_RANGE_FLAGS,
             rows_dtype=torch.bfloat16 if native_bf16 else torch.float32,

@@ -33,7 +33,7 @@ from .config import ModelConfig
 from .layers import FileEmbedding, FusedLinear
 from .model import PARTS, Idefics3
 from .opt_in_linears import PackedBf16Linear, QuantizedLinear, RowScaledLinear
-from .precision import BF16_ONEDNN, INT8, INT8_BY_ROW, PLAIN, PrecisionPlan, plan_precision
+from .precision import BF16_ONEDNN, INT8, INT8_BY_ROW, INT8_ONEDNN, PLAIN, PrecisionPlan, plan_precision
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -332,10 +332,12 @@ class _RawHeader:
 def opt_in_linear(plan: PrecisionPlan, name: str, weight: torch.Tensor, bias, parts: tuple[int, ...]) -> nn.Module:
     """The layer ``plan`` makes of the linear ``name`` from its float weight and bias."""
     kind = plan.linear(name)
-    if kind == INT8:
-        return QuantizedLinear(weight, bias, reduce_range=plan.int8.reduce_range, parts=parts)
+    if kind in (INT8, INT8_ONEDNN):
+        engine = "onednn" if kind == INT8_ONEDNN else "fbgemm"
+        return QuantizedLinear(weight, bias, reduce_range=plan.int8.reduce_range, parts=parts, engine=engine)
     if kind == INT8_BY_ROW:
-        return RowScaledLinear(weight, bias, rows_dtype=plan.int8.rows_dtype, parts=parts)
+        int8 = plan.int8
+        return RowScaledLinear(weight, bias, rows_dtype=int8.rows_dtype, int_mm=not int8.reduce_range, parts=parts)
     if kind == BF16_ONEDNN:
         return PackedBf16Linear(weight, bias, parts)
     raise ValueError(f"{name}: no layer to build for a linear held as {kind!r}")

@@ -1,0 +1,108 @@
+"""Which of torch's kernels run SmolVLM's linears in each dtype on a given CPU: rules of the
+CPU's flags alone, so ``ffai engines`` can print them without importing torch.
+
+The precision plan (``precision.plan_precision``) takes its int8 linears from
+:func:`int8_linears` and builds their layers (``opt_in_linears``); :func:`report` says in words
+what the same rules choose. Each rule was measured on the CPU kinds docs/precision-and-speed.md
+names, with the figures in docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+# How a linear layer is held (PrecisionPlan.linear); the classes are in opt_in_linears.
+PLAIN = "plain"  # layers.Linear / nn.Linear, in the plan's ``weights`` dtype
+INT8 = "int8"  # QuantizedLinear on fbgemm: int8 weight, a call's activations quantised by one range
+INT8_ONEDNN = "int8 oneDNN"  # QuantizedLinear packed for oneDNN's kernel (AMX-INT8 tiles)
+INT8_BY_ROW = "int8 by row"  # RowScaledLinear: a plain int8 weight, no activation range shared by rows
+BF16_ONEDNN = "bfloat16 oneDNN"  # PackedBf16Linear: the weight reordered once for oneDNN's kernel
+
+# int8 dot products that sum u8 x s8 straight into 32 bits: activations may use all 8 bits.
+# Elsewhere (AVX2's vpmaddubsw saturates in 16 bits) they keep to 7.
+INT8_FULL_RANGE_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
+# Where oneDNN multiplies bfloat16 natively, by /proc/cpuinfo's flags (the plan asks torch).
+NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+
+VISION = r"vision\."
+HEAD = r"text\.lm_head$"
+# Without native bfloat16, only these take int8 by row: the text MLP's down projection, whose
+# input (silu(gate) * up) spans far wider ranges from token to token than any other layer's,
+# and the connector, whose 12288 inputs lose the most to one shared range.
+INT8_BY_ROW_LAYERS = r"text\.layers\.\d+\.mlp\.down_proj$|connector\.modality_projection\.proj$"
+LABELS = {
+    VISION: "vision tower",
+    HEAD: "LM head",
+    INT8_BY_ROW_LAYERS: "connector, text MLP down projections",
+}
+
+
+def int8_linears(flags: frozenset[str], bf16: bool) -> tuple[tuple[str, str], ...]:
+    """int8's (module-name pattern, kind) on a CPU with ``flags`` (``bf16``: oneDNN multiplies
+    bfloat16 natively), the first match winning.
+
+    The vision tower (a tile's 1024 rows a call, its activation range that tile's) runs on
+    oneDNN where it has AMX-INT8, on fbgemm elsewhere. With native bfloat16 the connector and
+    the text tower keep their activations unquantised (int8 weights times bfloat16 rows): int8
+    activations in the text tower cost the prefill logits more than everything else together,
+    and one shared range was not the cause (docs/precision-and-speed.md). The LM head stays on
+    fbgemm, the fastest for one row of 49k outputs and the least sensitive layer."""
+    tile = INT8_ONEDNN if "amx_int8" in flags else INT8
+    if bf16:
+        return ((VISION, tile), (HEAD, INT8), (r".", INT8_BY_ROW))
+    return ((VISION, tile), (INT8_BY_ROW_LAYERS, INT8_BY_ROW), (r".", INT8))
+
+
+def native_bf16(flags: frozenset[str]) -> bool:
+    return bool(flags & NATIVE_BF16_FLAGS)
+
+
+class Kernel(NamedTuple):
+    """One group of linears: what runs them, and why."""
+
+    layers: str
+    kernel: str
+    why: str
+
+
+def _int8_kernel(kind: str, flags: frozenset[str], bf16: bool) -> tuple[str, str]:
+    bits = "8-bit" if flags & INT8_FULL_RANGE_FLAGS else "7-bit (16-bit sums saturate)"
+    if kind == INT8_ONEDNN:
+        return f"int8 x int8 on oneDNN, {bits} activations per call", "AMX-INT8 tiles: 2-3x fbgemm on a tile"
+    if kind == INT8:
+        return f"int8 x int8 on fbgemm, {bits} activations per call", "fbgemm's int8 kernels, fastest for one row"
+    rows = "bfloat16" if bf16 else "float32"
+    if bf16:
+        one = "torch._weight_int8pack_mm"
+    elif flags & INT8_FULL_RANGE_FLAGS:
+        one = "torch._int_mm, 8-bit by its own range"
+    else:  # oneDNN's s8 x s8 saturates in 16-bit sums there (not exact)
+        one = "float32 too"
+    why = "activations unquantised: the prefill logits' margin" if bf16 else "no activation range shared by rows"
+    return f"int8 weight x {rows} rows; one row: {one}", why
+
+
+def throughput_dtype(flags: frozenset[str]) -> str:
+    """The opt-in dtype for throughput on a CPU with ``flags``, by the bench's measurements
+    (docs/precision-and-speed.md): int8 wherever it has int8 dot products (ahead of bfloat16 on
+    AMX and AVX-512 VNNI + BF16 CPUs alike), float32 where it has neither."""
+    if flags & {"avx2", "avx512_vnni", "avx_vnni", "amx_int8"}:
+        return "int8"
+    return "bfloat16" if native_bf16(flags) else "float32"
+
+
+def report(flags: frozenset[str]) -> dict[str, list[dict[str, str]]]:
+    """Each dtype's kernels on a CPU with ``flags``, as ``ffai engines`` prints them."""
+    bf16 = native_bf16(flags)
+    rest = "connector, text tower" if bf16 else "other text linears"
+    int8 = [Kernel(LABELS.get(p, rest), *_int8_kernel(k, flags, bf16)) for p, k in int8_linears(flags, bf16)]
+    if bf16:
+        amx = " (AMX)" if "amx_bf16" in flags else ""
+        bf = Kernel("every linear", f"bfloat16 on oneDNN{amx}, weight reordered once", "native bfloat16")
+    else:
+        bf = Kernel("every linear", "bfloat16, torch's default", "no native bfloat16: slower than float32 here")
+    return {
+        "float32": [Kernel("every linear", "float32, torch's default", "the exact path")._asdict()],
+        "int8": [k._asdict() for k in int8],
+        "bfloat16": [bf._asdict()],
+    }
