@@ -35,6 +35,7 @@ FAST_FLAGS = {  # the /proc/cpuinfo flags that give the dtype native kernels
     "int8": frozenset({"avx512_vnni", "avx_vnni", "amx_int8"}),
     "bfloat16": frozenset({"avx512_bf16", "amx_bf16"}),
 }
+AMX_SPEED_TARGETS = {"int8": ("amx_int8", 4.0), "bfloat16": ("amx_bf16", 3.0)}  # with AMX tiles, higher
 RSS_TARGETS = {"float32": 0.9, "bfloat16": 0.6, "int8": 0.5}  # ffai peak RSS / reference peak RSS, at most
 COSINE_MIN = {"bfloat16": 0.9995, "int8": 0.995}  # agreement gate: cosine with float32, at least
 FLOOR_TARGETS = {"int8": 1.2}  # decode time per token / the memory floor, at most
@@ -51,6 +52,9 @@ def speed_target(case: str, dtype: str, flags: frozenset[str] | set[str] = froze
     (bfloat16 without native bf16 is expected to be slower than float32)."""
     if dtype == "float32":
         return SPEED_TARGETS[case]
+    amx_flag, amx = AMX_SPEED_TARGETS.get(dtype, (None, None))
+    if amx_flag in flags:
+        return amx
     fast, slow = DTYPE_SPEED_TARGETS.get(dtype, (None, None))
     return fast if FAST_FLAGS.get(dtype, frozenset()) & set(flags) else slow
 
