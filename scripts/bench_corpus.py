@@ -46,7 +46,7 @@ CLIP_FPS = 25
 
 def make_corpus(folder: Path, count: int = 20) -> list[Path]:
     """``count`` clips, 10 to 20 s long, codecs and sizes in turn; kept when already written."""
-    from ffai.bench.sample_media import make_clip
+    from sample_media import make_clip
 
     folder.mkdir(parents=True, exist_ok=True)
     clips = []

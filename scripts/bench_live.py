@@ -2,7 +2,7 @@
 
     python scripts/bench_live.py [--seconds 60] [--fps 2] [--window 4] [--cases demo,real] [--json]
 
-A clip of the demo model's scenes (``ffai.bench.live_stream``) is sent as MPEG-TS at real-time
+A clip of the demo model's scenes (``scripts/live_stream.py``) is sent as MPEG-TS at real-time
 pace into a named pipe, which ffai reads as a live source through the same library path as
 ``ffai caption -i PIPE -f jsonl -o FILE`` (a Captioner, a track written and fsynced per cue).
 Per window: the wall time its last sample reached ffai (``Progress.on_frame``) and the time its
@@ -27,11 +27,11 @@ from pathlib import Path
 
 from ffai import host
 from ffai.bench import demo_scenes
-from ffai.bench.live_stream import Pacer, encode_ts, paced_chunks
 from ffai.captioning import Captioner, CaptionOptions, Progress
 from ffai.cues import Cue, Dropped, TrackHeader
 from ffai.live import DEFAULT_MAX_LAG_S
 from ffai.tracks import open_track
+from live_stream import Pacer, encode_ts, paced_chunks
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -20,8 +20,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ffai.bench.sample_media import make_clip
 from ffai.host import run_measured
+from sample_media import make_clip
 
 
 def main() -> int:

@@ -1,4 +1,4 @@
-"""Fuzz ffai's front door with seeded mutations of every sample kind (ffai.bench.fuzz); print a summary.
+"""Fuzz ffai's front door with seeded mutations of every sample kind (scripts/fuzz.py); print a summary.
 
     python scripts/fuzz_media.py --count 10000                 # probing + sampling, a forked child per file
     python scripts/fuzz_media.py --count 200 --cli             # the whole `ffai caption` path per file
@@ -30,7 +30,7 @@ import traceback
 from collections import Counter
 from pathlib import Path
 
-from ffai.bench import fuzz
+import fuzz
 
 FINDINGS = ("traceback", "hang", "death", "multi-line")
 

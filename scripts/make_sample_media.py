@@ -1,4 +1,4 @@
-"""Write every sample clip (ffai.bench.sample_media) into a folder, one line per clip: name, path.
+"""Write every sample clip (scripts/sample_media.py) into a folder, one line per clip: name, path.
 
     python scripts/make_sample_media.py OUTDIR
 
@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ffai.bench.sample_media import make_all
+from sample_media import make_all
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,7 +1,7 @@
 """An independent reading of a clip's timestamps and the sampling rule applied to them, for
-tests that check ffai.media against them. The clips themselves come from ffai.bench.sample_media:
+tests that check ffai.media against them. The clips themselves come from scripts/sample_media.py:
 
-    from ffai.bench.sample_media import make_clip
+    from sample_media import make_clip
     clip = make_clip(tmp_path / "clip.mp4", seconds=12, fps=25)  # 64x48, about 0.2 s to write
 """
 
@@ -68,7 +68,7 @@ def make_av_clip(
     text)``, for the container tests: the streams ffai copies, made here, never downloaded."""
     import numpy as np
 
-    from ffai.bench.sample_media import draw_frame
+    from sample_media import draw_frame
 
     path = Path(path)
     with av.open(str(path), "w") as container:

@@ -13,8 +13,8 @@ import pytest
 import srt
 from PIL import Image
 
-from ffai.bench.sample_media import make_audio_only, make_clip, make_truncated_mp4, make_zero_frame_clip
 from ffai.cli import run
+from sample_media import make_audio_only, make_clip, make_truncated_mp4, make_zero_frame_clip
 
 
 @pytest.fixture(scope="module")

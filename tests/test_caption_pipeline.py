@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 import ffai
-from ffai.bench.sample_media import make_clip
 from ffai.captioning import Captioner, CaptionOptions, pipeline_config, placement
 from ffai.engine import DecodingOptions, Request, RuntimeOptions
 from ffai.errors import UsageError
 from ffai.pipeline import PipelineError
+from sample_media import make_clip
 
 
 @pytest.fixture(scope="module")

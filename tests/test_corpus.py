@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from ffai import inputs
-from ffai.bench.sample_media import make_clip
 from ffai.cli import run
 from ffai.errors import UsageError
+from sample_media import make_clip
 
 FAST = ["--fps", "2", "--window", "2", "--max-new-tokens", "3"]
 

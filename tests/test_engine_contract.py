@@ -14,10 +14,10 @@ import pytest
 from PIL import Image
 
 from ffai.bench import demo_scenes
-from ffai.bench.live_stream import encode_ts
 from ffai.engine import DecodingOptions, Request
 from ffai.inline import InlineEngine
 from live_sources import ffai_env
+from live_stream import encode_ts
 from minimal_engine import COLOURS, ENGINE, register_palette_engine, write_checkpoint
 
 DEMO_CLIP = Path(__file__).resolve().parents[1] / "models" / "demo_clip.mp4"

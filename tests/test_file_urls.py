@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from ffai.bench.sample_media import make_clip
 from ffai.cli import run
+from sample_media import make_clip
 
 
 @pytest.fixture(scope="module")

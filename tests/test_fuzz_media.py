@@ -1,5 +1,5 @@
 """The front door against hostile files (issue #16): seeded mutations of every sample kind
-(ffai.bench.fuzz) through probing and sampling in this process, a smaller set and the kept
+(scripts/fuzz.py) through probing and sampling in this process, a smaller set and the kept
 regressions through the whole ``ffai caption`` path, and a decoder that crashes or hangs
 standing in for a hostile file that makes FFmpeg or Pillow do so.
 
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+import fuzz
 from ffai import media
-from ffai.bench import fuzz
 from ffai.errors import MediaError
 
 CASES = 580  # seeds 0..579, 20 a sample: the fixed in-process subset (about 20 s on 2 cores)

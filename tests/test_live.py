@@ -15,7 +15,11 @@ import pytest
 
 from ffai import live, media
 from ffai.bench import demo_scenes
-from ffai.bench.live_stream import (
+from ffai.cli import run as run_cli
+from ffai.cues import Cue
+from ffai.windows import make_windows
+from live_sources import SLOW_ENV, SLOW_NAME, ffai_env, register_slow_engine, start_caption, timeline
+from live_stream import (
     Pacer,
     StreamServer,
     encode_ts,
@@ -24,10 +28,6 @@ from ffai.bench.live_stream import (
     send_udp,
     udp_port_bound,
 )
-from ffai.cli import run as run_cli
-from ffai.cues import Cue
-from ffai.windows import make_windows
-from live_sources import SLOW_ENV, SLOW_NAME, ffai_env, register_slow_engine, start_caption, timeline
 
 SCENES = demo_scenes.CLIP_SCENES[:3]
 SECONDS_PER_SCENE = 2.0

@@ -1,5 +1,5 @@
 """ffai.media: probing, image loading and timestamp sampling, against clips written by
-ffai.bench.sample_media and timestamps read back independently with PyAV."""
+scripts/sample_media.py and timestamps read back independently with PyAV."""
 
 from __future__ import annotations
 
@@ -17,7 +17,10 @@ import pytest
 from PIL import Image
 
 from ffai import media
-from ffai.bench.sample_media import (
+from ffai.errors import MediaError, UsageError
+from ffai.media import video
+from media_fixtures import decoded_times, expected_sample_times
+from sample_media import (
     CORNERS,
     make_10bit_clip,
     make_audio_only,
@@ -30,9 +33,6 @@ from ffai.bench.sample_media import (
     read_frame_index,
     vfr_times_ms,
 )
-from ffai.errors import MediaError, UsageError
-from ffai.media import video
-from media_fixtures import decoded_times, expected_sample_times
 
 CFR_FPS = 25
 # Read in this process: the tests patch and count what it decodes, with no child in between.

@@ -14,10 +14,10 @@ import pytest
 import srt
 import webvtt
 
-from ffai.bench.sample_media import make_rotated_clip, make_vfr_clip
 from ffai.cli import run
 from ffai.mux import _ASS_HEADER, cue_payload
 from media_fixtures import make_av_clip
+from sample_media import make_rotated_clip, make_vfr_clip
 
 FLAGS = ["--fps", "2", "--window", "2", "--max-new-tokens", "6"]
 

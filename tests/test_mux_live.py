@@ -14,8 +14,8 @@ import av
 import pytest
 
 from ffai.bench import demo_scenes
-from ffai.bench.live_stream import Pacer, encode_ts, paced_chunks
 from live_sources import start_caption
+from live_stream import Pacer, encode_ts, paced_chunks
 
 SCENES = demo_scenes.CLIP_SCENES[:3]
 SECONDS_PER_SCENE = 2.0

@@ -15,12 +15,12 @@ import pytest
 import ray
 
 from ffai.bench import demo_scenes
-from ffai.bench.live_stream import StreamServer, encode_ts
-from ffai.bench.sample_media import make_clip
 from ffai.captioning import CaptionOptions
 from ffai.errors import FfaiError
 from ffai.ray_backend import RayBackend, RayResources
+from live_stream import StreamServer, encode_ts
 from ray_faults import FaultAfterFirstCue, caption_corpus, read_tracks
+from sample_media import make_clip
 
 pytestmark = pytest.mark.ray
 

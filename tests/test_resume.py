@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from ffai import runlog
-from ffai.bench.sample_media import make_clip
 from ffai.cli import run
+from sample_media import make_clip
 
 
 @pytest.fixture(scope="module")

@@ -21,10 +21,10 @@ from PIL import Image
 
 import sheet_reader
 from ffai import media, sheet
-from ffai.bench.sample_media import make_clip
 from ffai.cli import run
 from ffai.cues import Cue, TrackHeader
 from ffai.tracks import open_track, read_json_track
+from sample_media import make_clip
 
 HOSTILE = '<img src=x onerror="document.title=\'pwned\'"><script>document.title="pwned"</script> & </p></article>'
 

@@ -19,10 +19,10 @@ from PIL import Image
 
 import sheet_reader
 from ffai import sheet
-from ffai.bench.sample_media import make_clip
 from ffai.cli import run
 from ffai.cues import Cue, TrackHeader
 from ffai.tracks import open_track
+from sample_media import make_clip
 
 pytestmark = pytest.mark.browser
 

@@ -16,7 +16,6 @@ from PIL import Image
 
 from cpu_samples import AVX2_ONLY, EPYC_ZEN4, GRAVITON3, SAPPHIRE_RAPIDS, SSE_ONLY
 from ffai import host, messages
-from ffai.bench.sample_media import make_clip
 from ffai.captioning import Captioner, CaptionOptions
 from ffai.cli import run
 from ffai.engine import DecodingOptions, Request, RuntimeOptions
@@ -46,6 +45,7 @@ from ffai_smolvlm.precision import (
 )
 from ffai_smolvlm.vision import blocked_attention
 from ffai_smolvlm.weights import load_model
+from sample_media import make_clip
 
 # Names of linear layers of each group, as a plan is asked about them.
 LINEARS = (

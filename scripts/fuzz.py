@@ -32,8 +32,8 @@ import av
 import numpy as np
 from PIL import Image
 
+import sample_media
 from ffai import media
-from ffai.bench import sample_media
 from ffai.errors import MediaError
 
 Op = tuple
