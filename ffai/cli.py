@@ -220,7 +220,8 @@ def models_pull(
         Optional[str], typer.Argument(help="Model name (see `ffai models list`; default: the default model).")
     ] = None,
 ) -> None:
-    """Download a model into the Hugging Face cache, resuming and verifying sha256."""
+    """Download a model into the Hugging Face cache, resuming, each file checked against its pinned sha256 or, where
+    the manifest pins none, the hash the hub announces."""
     from rich.progress import BarColumn, DownloadColumn, TextColumn, TransferSpeedColumn
     from rich.progress import Progress as RichProgress
 
