@@ -119,7 +119,7 @@ def engines(as_json: AsJson = False) -> None:
         return
     table = Table(title="ffai engines", caption=f"CPU: {cpu.describe()}; fast dtypes here: {', '.join(fast)}")
     for column in ("name", "task", "status", "default model", "description"):
-        table.add_column(column)
+        table.add_column(column, no_wrap=column in ("name", "default model"))
     for i in infos:
         table.add_row(i.name, i.task, i.status, i.default_model, i.description)
     console = Console(highlight=False)
@@ -195,7 +195,12 @@ def models_list(as_json: AsJson = False) -> None:
     caption = "sha256 pinned: files the manifest pins; hub: of the others, those verified against the hub's hash"
     table = Table(title="ffai models", caption=caption)
     for column in ("name", "engine", "licence", "size", "sha256 pinned", "found at"):
-        table.add_column(column)
+        # A name cut short cannot be typed back, nor a path copied: those fold, never end in "…".
+        table.add_column(
+            column,
+            no_wrap=column in ("name", "engine", "size"),
+            overflow="fold" if column == "found at" else "ellipsis",
+        )
     for r in rows:
         size = _human_size(r["size"]) + ("" if r["size_known"] else " +")
         table.add_row(r["name"], r["engine"], r["license"], size, _pinning(r["files"]), r["path"] or "missing")
