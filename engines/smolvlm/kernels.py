@@ -68,7 +68,7 @@ class Kernel(NamedTuple):
 def _int8_kernel(kind: str, flags: frozenset[str], bf16: bool) -> tuple[str, str]:
     bits = "8-bit" if flags & INT8_FULL_RANGE_FLAGS else "7-bit (16-bit sums saturate)"
     if kind == INT8_ONEDNN:
-        return f"int8 x int8 on oneDNN, {bits} activations per call", "AMX-INT8 tiles: 2-3x fbgemm on a tile"
+        return f"int8 x int8 on oneDNN, {bits} activations per call", "AMX-INT8 tiles: about 3x fbgemm on a tile"
     if kind == INT8:
         return f"int8 x int8 on fbgemm, {bits} activations per call", "fbgemm's int8 kernels, fastest for one row"
     rows = "bfloat16" if bf16 else "float32"
