@@ -95,8 +95,8 @@ def test_the_int8_plan_by_cpu(monkeypatch, native):
 def test_ffai_engines_reports_the_plans_kernels():
     """The report ``ffai engines`` prints is made from the rules the plan applies: oneDNN only
     named where the plan packs for it, 7-bit activations where the plan reduces the range, the
-    one-row kernel of the by-row layers as the layer picks it; for throughput bfloat16 with AMX,
-    int8 wherever else the CPU has an int8 dot product, float32 with neither."""
+    one-row kernel of the by-row layers as the layer picks it; for throughput int8 wherever the
+    CPU has an int8 dot product, float32 with neither."""
     for text in (SAPPHIRE_RAPIDS, EPYC_ZEN4, AVX2_ONLY, GRAVITON3, SSE_ONLY):
         flags = host.parse_cpuinfo(text).flags
         report = ENGINE.kernels(flags)
@@ -114,7 +114,7 @@ def test_ffai_engines_reports_the_plans_kernels():
             not native and bool(flags & kernels.INT8_FULL_RANGE_FLAGS)
         ), text
         assert ("AMX" in report["dtypes"]["bfloat16"][0]["kernel"]) is ("amx_bf16" in flags)
-    assert ENGINE.kernels(host.parse_cpuinfo(SAPPHIRE_RAPIDS).flags)["throughput_dtype"] == "bfloat16"
+    assert ENGINE.kernels(host.parse_cpuinfo(SAPPHIRE_RAPIDS).flags)["throughput_dtype"] == "int8"
     assert ENGINE.kernels(host.parse_cpuinfo(EPYC_ZEN4).flags)["throughput_dtype"] == "int8"
     assert ENGINE.kernels(host.parse_cpuinfo(AVX2_ONLY).flags)["throughput_dtype"] == "int8"
     assert ENGINE.kernels(host.parse_cpuinfo(SSE_ONLY).flags)["throughput_dtype"] == "float32"
