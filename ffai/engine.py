@@ -9,7 +9,9 @@ it must not import torch). It has three parts:
 - ``stages()``: the pipeline as :class:`StageSpec` factories, first to last: a :class:`Request`
   in, an :class:`Answer` out.
 
-Optionally ``bench``: the hooks ``ffai bench vlm`` needs (:class:`ffai.bench.hooks.BenchHooks`).
+Optionally ``bench``: the hooks ``ffai bench vlm`` needs (:class:`ffai.bench.hooks.BenchHooks`),
+and ``kernels(flags)``: which kernels run each dtype on a CPU with those flags and the dtype for
+throughput there, which ``ffai engines`` prints (torch-free, like ``info``).
 
 A request says what it holds in engine-neutral terms (a still, or frames with their source
 times); the engine decides tiling and prompt. The core places the stages inline or in worker
