@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from ffai import host, messages
+from ffai import host, interrupts, messages
 from ffai.errors import FfaiError, UsageError
 
 try:  # typer >= 0.22 carries its own copy of click
@@ -510,7 +510,8 @@ def run(argv: Optional[List[str]] = None) -> int:
     """Run the CLI and return its exit status (used by main and by tests)."""
     argv = _bare_ray(sys.argv[1:] if argv is None else list(argv))
     try:
-        status = app(args=argv, prog_name="ffai", standalone_mode=False)
+        with interrupts.caught():  # a Ctrl-C that a finaliser swallowed still stops the run
+            status = app(args=argv, prog_name="ffai", standalone_mode=False)
         if status == INTERRUPTED:  # typer catches Ctrl-C itself and returns this code, saying nothing
             error("interrupted")
         return status if isinstance(status, int) else 0

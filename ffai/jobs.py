@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, Sequence
 
 from ffai import inputs as input_specs
-from ffai import messages, mux, runlog
+from ffai import interrupts, messages, mux, runlog
 from ffai.captioning import Captioner, CaptionOptions, Progress, ResolvedModel, resolve_model
 from ffai.cues import TrackHeader, creation_time
 from ffai.errors import FfaiError, OutputError, UsageError
@@ -302,6 +302,7 @@ class _Driver:
                     events = _in_job_order(events, pending)
                 retry = []
                 for event in events:
+                    interrupts.check()
                     if self._handle(event):
                         retry.append(event.job)
                 pending = sorted(retry)

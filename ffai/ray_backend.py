@@ -30,6 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterator, Sequence
 
+from ffai import interrupts
 from ffai.captioning import Captioner, CaptionOptions
 from ffai.errors import FfaiError, UsageError
 from ffai.input_events import InputEvent
@@ -345,6 +346,7 @@ class _Run:
                     item = _Input(job, source)
                     self.open.append(item)
                     self._decode(item)
+                interrupts.check()  # dropped generators' finalisers may have swallowed a Ctrl-C
                 for ref in self._wait():
                     if self.pool.owns(ref):
                         for (item, attempt, index), outcome in self.pool.done(ref):

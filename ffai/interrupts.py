@@ -1,0 +1,50 @@
+"""Ctrl-C that is never lost.
+
+Python raises ``KeyboardInterrupt`` wherever the main thread is when SIGINT arrives. Inside a
+finaliser (a ``__del__``, such as Ray's ``ObjectRefGenerator`` dropped when an input ends) it is
+printed as "Exception ignored" and dropped, and the run went on to its end with exit 0. While
+``caught()`` is active, SIGINT also leaves a mark, and the loops that wait on work (the caption
+driver, the Ray driver) call ``check()``, which raises it again where it cannot be lost.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from contextlib import contextmanager
+from typing import Iterator
+
+_pending = False
+
+
+def _on_sigint(signum: int, frame: object) -> None:
+    global _pending
+    _pending = True
+    raise KeyboardInterrupt
+
+
+@contextmanager
+def caught() -> Iterator[None]:
+    """SIGINT is remembered until ``check()`` or the block's end. Only in the main thread, and
+    only over Python's own handler (a program that set its own keeps it)."""
+    global _pending
+    mine = threading.current_thread() is threading.main_thread() and (
+        signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    )
+    if mine:
+        signal.signal(signal.SIGINT, _on_sigint)
+    try:
+        yield
+    finally:
+        if mine:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            _pending = False
+
+
+def check() -> None:
+    """Raise ``KeyboardInterrupt`` if a SIGINT arrived that no one has raised yet (or whose
+    raising a finaliser swallowed)."""
+    global _pending
+    if _pending:
+        _pending = False
+        raise KeyboardInterrupt

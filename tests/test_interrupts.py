@@ -1,0 +1,54 @@
+"""A Ctrl-C that lands in a finaliser is not lost: Python prints it as "Exception ignored" and
+drops it (Ray's ObjectRefGenerator.__del__ did this to a --ray run, which then went on to exit 0);
+inside ``interrupts.caught()`` the next ``check()`` raises it."""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+
+import pytest
+
+from ffai import interrupts
+
+
+class _SignalsInFinaliser:
+    def __del__(self) -> None:
+        os.kill(os.getpid(), signal.SIGINT)  # delivered here, in the finaliser, and swallowed
+        for _ in range(1000):
+            pass
+
+
+def _swallowed_ctrl_c() -> None:
+    _SignalsInFinaliser()
+    gc.collect()
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_ctrl_c_swallowed_by_a_finaliser_is_raised_by_check():
+    with interrupts.caught():
+        _swallowed_ctrl_c()  # no KeyboardInterrupt here: the finaliser ate it
+        with pytest.raises(KeyboardInterrupt):
+            interrupts.check()
+        interrupts.check()  # raised once
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_without_the_guard_the_ctrl_c_is_lost():
+    """What the guard is for: Python's own handler leaves nothing for check() to find."""
+    _swallowed_ctrl_c()
+    interrupts.check()
+
+
+def test_a_program_with_its_own_handler_keeps_it():
+    def own(signum, frame):
+        pass
+
+    previous = signal.signal(signal.SIGINT, own)
+    try:
+        with interrupts.caught():
+            assert signal.getsignal(signal.SIGINT) is own
+    finally:
+        signal.signal(signal.SIGINT, previous)
