@@ -219,9 +219,7 @@ class ActorPool:
         """An actor answered its ``ready()`` (``ref``). At start (``strict``) its engine's load
         error is the run's; a replacement whose process or node died while it loaded is started
         again, and one whose engine refused is left out unless it was the last hope."""
-        slot = self._starting.pop(ref)
-        if slot.starting != ref:
-            return
+        slot = self._starting.pop(ref)  # a slot's one pending ready(): restarts happen only after it settles
         slot.starting = None
         ray = self._ray
         try:
