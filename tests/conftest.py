@@ -38,6 +38,19 @@ def reference_loader():
     return load
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """For modules of many small ops (``pytestmark = pytest.mark.usefixtures("one_torch_thread")``):
+    on a shared 2-core machine two threads spin-wait on each other and run 3-5x slower than one.
+    Restored afterwards so other modules keep their setting."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def terminal_width():
     """One terminal width for every test, in this process and in the subprocesses that inherit

@@ -27,7 +27,7 @@ from ffai_smolvlm.bench.reference import ReferenceArm, reference_inputs
 from ffai_smolvlm.preprocess import normalise
 from test_smolvlm_model import LOGITS_ABS_TOL, random_image, reference_generate, reference_logits
 
-pytestmark = pytest.mark.oracle
+pytestmark = [pytest.mark.oracle, pytest.mark.usefixtures("one_torch_thread")]
 
 N_NEW = 32
 FORCED = DecodingOptions(max_new_tokens=N_NEW, force_new_tokens=True)
@@ -35,15 +35,6 @@ FORCED = DecodingOptions(max_new_tokens=N_NEW, force_new_tokens=True)
 # source; the 64-frame window (the processor's max_frames) spans 1:45:00, so its own frame
 # times pass an hour too ("Frame from 105:00:"), as its duration does.
 WINDOWS = [(1, 3725.3, 1.0), (2, 61.7, 1.0), (8, 3600.25, 2.0), (64, 7201.0, 100.0)]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Many small ops: on a shared 2-core machine one thread runs them fastest."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -19,13 +19,7 @@ from ffai_smolvlm.precision import plan_precision
 from ffai_smolvlm.text import apply_rope, rope_cos_sin
 from ffai_smolvlm.weights import load_model, model_tensor
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -22,17 +22,7 @@ from ffai_smolvlm.precision import plan_precision
 from ffai_smolvlm.preprocess import ProcessorConfig, normalise, preprocess_images
 from ffai_smolvlm.weights import load_model
 
-pytestmark = pytest.mark.oracle
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """These runs are many small ops: on a shared 2-core machine two threads spin-wait on each
-    other and run 3-5x slower than one. Restored afterwards so other modules keep their setting."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = [pytest.mark.oracle, pytest.mark.usefixtures("one_torch_thread")]
 
 
 N_NEW = 32
