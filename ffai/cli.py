@@ -192,7 +192,11 @@ def models_list(as_json: AsJson = False) -> None:
     if as_json:
         typer.echo(json.dumps(rows, indent=2, ensure_ascii=False))
         return
-    caption = "sha256 pinned: files the manifest pins; hub: of the others, those verified against the hub's hash"
+    caption = (
+        "sha256 pinned: files the manifest pins; hub: of the others, those verified against the hub's hash. "
+        "Every model decodes greedily by default, even where its generation_config.json asks for sampling "
+        "(Qwen3-VL's does): ffai samples only with --temperature and --seed"
+    )
     table = Table(title="ffai models", caption=caption)
     for column in ("name", "engine", "licence", "size", "sha256 pinned", "found at"):
         # A name cut short cannot be typed back, nor a path copied: those fold, never end in "…".

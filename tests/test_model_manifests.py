@@ -22,14 +22,15 @@ ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = next((p for p in (ROOT.parent / "shared" / "reference", ROOT / "shared" / "reference") if p.is_dir()), None)
 HUB_MODELS = sorted(m.name for m in models.manifests() if m.hf_repo)
 
-# "| `file` | bytes | `sha256` |" table rows, "file  sha256 <hex>  size <n>" and LFS pointer lines,
-# "**`file`**: expected **<n> bytes**, sha256 `<hex>`" for a missing file, and "the `file` LFS
-# pointer ... `oid sha256:<hex>`, `size <n>`".
-_ROW = re.compile(r"^\| `([^`]+)` \| (\d+) \| `([0-9a-f]{64})` \|", re.M)
+# "| `file` | bytes | `sha256` |" table rows (bytes with or without thousands' commas, cells plain
+# or bold), "file  sha256 <hex>  size <n>" and LFS pointer lines, "**`file`**: expected **<n>
+# bytes**, sha256 `<hex>`" for a missing file, and "the `file` LFS pointer ... `oid sha256:<hex>`,
+# `size <n>`". The revision: "HF revision: **`<hex>`**", or "checkpoint `repo`, revision `<hex>`".
+_ROW = re.compile(r"^\| `([^`]+)` \| (?:\*\*)?([\d,]+)(?:\*\*)? \| (?:\*\*)?`([0-9a-f]{64})`(?:\*\*)? \|", re.M)
 _WEIGHTS = re.compile(r"^(\S+)\s+(?:oid )?sha256[ :]([0-9a-f]{64})\s+size (\d+)", re.M)
 _MISSING = re.compile(r"\*\*`([^`]+)`\*\*: expected \*\*(\d+) bytes\*\*, sha256\s+`([0-9a-f]{64})`")
 _POINTER = re.compile(r"the `([^`]+)` LFS pointer[^`]*`oid sha256:([0-9a-f]{64})`, `size (\d+)`")
-_REVISION = re.compile(r"HF revision[^`]*\*\*`([0-9a-f]{40})`\*\*")
+_REVISION = re.compile(r"HF revision[^`]*\*\*`([0-9a-f]{40})`\*\*|, revision\s+`([0-9a-f]{40})`")
 
 
 def _reference(name: str) -> Path:
@@ -41,7 +42,7 @@ def _reference(name: str) -> Path:
 def _sources(folder: Path) -> dict[str, tuple[int, str]]:
     """Every (size, sha256) SOURCES.md states, by file name."""
     text = (folder / "SOURCES.md").read_text(encoding="utf-8")
-    known = {path: (int(size), sha) for path, size, sha in _ROW.findall(text)}
+    known = {path: (int(size.replace(",", "")), sha) for path, size, sha in _ROW.findall(text)}
     known |= {path: (int(size), sha) for path, sha, size in _WEIGHTS.findall(text)}
     known |= {path: (int(size), sha) for path, size, sha in _MISSING.findall(text)}
     known |= {path: (int(size), sha) for path, sha, size in _POINTER.findall(text)}
@@ -70,7 +71,7 @@ def test_sources_sizes_hashes_and_revision_are_the_manifests(name):
     known = _sources(folder)
     assert known, f"{name}: no size or sha256 read from SOURCES.md"
     for path, (size, sha) in known.items():
-        if path == "README.md":  # the model card: not a file a model needs
+        if path in ("README.md", ".gitattributes"):  # the model card and git's settings: not files a model needs
             continue
         assert path in pins, f"{name}: SOURCES.md knows {path}, the manifest does not list it"
         assert (pins[path].size, pins[path].sha256) == (size, sha), f"{name}: {path}"
@@ -81,7 +82,7 @@ def test_sources_sizes_hashes_and_revision_are_the_manifests(name):
             if f.sha256_prefix:
                 assert f"`{f.sha256_prefix}" in text and f"{f.size} bytes" in text, f.path
     revision = _REVISION.search(text)
-    assert manifest.revision == (revision[1] if revision else "main")
+    assert manifest.revision == ((revision[1] or revision[2]) if revision else "main")
 
 
 _BLOB = re.compile(r"^\| `([^`]+)` \| \d+ \| `[0-9a-f]{64}` \| `([0-9a-f]{40})` \|", re.M)
@@ -134,8 +135,10 @@ def test_manifest_is_well_formed(manifest):
         assert stand_in is not None and stand_in.engine == manifest.engine and stand_in.hf_repo, name
 
 
-def test_five_hub_models_and_the_default_has_a_manifest():
+def test_seven_hub_models_and_the_default_has_a_manifest():
     assert HUB_MODELS == [
+        "qwen3-vl-2b-instruct",
+        "qwen3-vl-4b-instruct",
         "smolvlm-256m-instruct",
         "smolvlm-500m-instruct",
         "smolvlm2-2.2b-instruct",
