@@ -146,7 +146,7 @@ class ResolvedModel:
 
 def resolve_model(options: CaptionOptions) -> ResolvedModel:
     """Which engine and model folder ``options`` name (a cheap check: nothing loads)."""
-    engine = registry.get_engine(options.engine)
+    engine = registry.engine_for_model(options.engine, options.model)
     warnings = []
     if options.model:
         name = options.model

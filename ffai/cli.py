@@ -317,6 +317,34 @@ def caption(
             help="How a window reaches the model: video (one clip with its frame times) or images (separate pictures); default: video where the model supports it.",
         ),
     ] = None,
+    min_pixels: Annotated[
+        Optional[int],
+        typer.Option(
+            "--min-pixels",
+            help="Fewest pixels a still is resized to, for models sized by a pixel budget (Qwen3-VL; default: the model's).",
+        ),
+    ] = None,
+    max_pixels: Annotated[
+        Optional[int],
+        typer.Option(
+            "--max-pixels",
+            help="Most pixels a still is resized to, for models sized by a pixel budget (default: the model's).",
+        ),
+    ] = None,
+    frame_min_pixels: Annotated[
+        Optional[int],
+        typer.Option(
+            "--frame-min-pixels",
+            help="Fewest pixels each frame of a window is resized to (pixel-budget models; default: the model's).",
+        ),
+    ] = None,
+    frame_max_pixels: Annotated[
+        Optional[int],
+        typer.Option(
+            "--frame-max-pixels",
+            help="Most pixels each frame of a window is resized to (pixel-budget models; default: the model's).",
+        ),
+    ] = None,
     start: Annotated[float, typer.Option("-ss", help="Start at this many seconds.")] = 0.0,
     duration: Annotated[Optional[float], typer.Option("-t", help="Caption this many seconds.")] = None,
     max_frames: Annotated[Optional[int], typer.Option("--max-frames", help="Stop after this many samples.")] = None,
@@ -425,6 +453,10 @@ def caption(
             top_k=top_k,
             seed=seed,
             window_as=window_as,
+            min_pixels=min_pixels,
+            max_pixels=max_pixels,
+            frame_min_pixels=frame_min_pixels,
+            frame_max_pixels=frame_max_pixels,
         ),
         runtime=RuntimeOptions(dtype=dtype, device=device, threads=threads),
         max_in_flight=max_in_flight,

@@ -41,6 +41,8 @@ DEVICES = ("auto", "cpu", "cuda")
 # How a window's frames reach a model: as one video clip with its frame times, or as separate
 # pictures. Engines offer what their checkpoint supports (docs/caption.md, --window-as).
 WINDOW_PRESENTATIONS = ("video", "images")
+# The pixel budgets' flags, in DecodingOptions' field order (docs/caption.md, Pixel budgets).
+PIXEL_FLAGS = ("--min-pixels", "--max-pixels", "--frame-min-pixels", "--frame-max-pixels")
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,10 @@ class DecodingOptions:
     ``window_as`` is how a window's frames are presented (``WINDOW_PRESENTATIONS``); None lets
     the engine choose (video where its checkpoint supports it); an engine refuses one its
     checkpoint lacks.
+    The pixel budgets bound how many pixels a model sees, for engines that resize to a budget
+    rather than to a fixed size: ``min_pixels``/``max_pixels`` per still image,
+    ``frame_min_pixels``/``frame_max_pixels`` per frame of a window; None keeps the checkpoint's
+    own. An engine that sizes pictures otherwise refuses them (``check_window``), saying how it does.
     """
 
     prompt: str | None = None
@@ -76,8 +82,20 @@ class DecodingOptions:
     seed: int | None = None
     force_new_tokens: bool = False
     window_as: str | None = None
+    min_pixels: int | None = None
+    max_pixels: int | None = None
+    frame_min_pixels: int | None = None
+    frame_max_pixels: int | None = None
 
     def __post_init__(self) -> None:
+        budgets = (self.min_pixels, self.max_pixels, self.frame_min_pixels, self.frame_max_pixels)
+        for flag, value in zip(PIXEL_FLAGS, budgets):
+            if value is not None and value < 1:
+                raise UsageError(f"{flag} must be at least 1, got {value}")
+        for i in (0, 2):  # each minimum against its maximum
+            low, high = budgets[i : i + 2]
+            if low is not None and high is not None and low > high:
+                raise UsageError(f"{PIXEL_FLAGS[i]} {low} is more than {PIXEL_FLAGS[i + 1]} {high}")
         if self.window_as is not None and self.window_as not in WINDOW_PRESENTATIONS:
             raise UsageError(f"--window-as must be one of {', '.join(WINDOW_PRESENTATIONS)}")
         if self.max_new_tokens < 1:
@@ -95,6 +113,12 @@ class DecodingOptions:
             raise UsageError("sampling (--temperature/--top-p/--top-k) needs --seed so runs are reproducible")
         if wants_sampling and self.temperature == 0:
             raise UsageError("--top-p/--top-k need --temperature > 0")
+
+    @property
+    def pixel_flags(self) -> tuple[str, ...]:
+        """The pixel-budget flags given, by name (an engine that cannot honour them names them)."""
+        given = zip(PIXEL_FLAGS, (self.min_pixels, self.max_pixels, self.frame_min_pixels, self.frame_max_pixels))
+        return tuple(flag for flag, value in given if value is not None)
 
 
 @dataclass(frozen=True)

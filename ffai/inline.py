@@ -32,10 +32,11 @@ class InlineEngine:
 
     @classmethod
     def load(cls, engine: str | None, model: str | Path, runtime: RuntimeOptions | None = None) -> "InlineEngine":
-        """The engine registered as ``engine`` (None: the default) on a model name or folder."""
+        """The engine registered as ``engine`` (None: the one the model's manifest names, else the
+        default) on a model name or folder."""
         from ffai import models, registry
 
-        return cls(registry.get_engine(engine), models.resolve(str(model)), runtime)
+        return cls(registry.engine_for_model(engine, str(model)), models.resolve(str(model)), runtime)
 
     def __getitem__(self, name: str) -> Callable[..., Any]:
         """The stage called ``name``: for probes that look inside one stage (tests, the bench)."""

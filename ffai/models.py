@@ -178,7 +178,7 @@ def locate(manifest: Manifest) -> Path:
     )
 
 
-def _looks_like_path(spec: str) -> bool:
+def looks_like_path(spec: str) -> bool:
     return os.sep in spec or spec.startswith((".", "~")) or Path(spec).exists()
 
 
@@ -192,7 +192,7 @@ def _checkpoint_dir(path: Path) -> Path:
 
 def resolve(spec: str) -> Path:
     """The checkpoint folder for a model name or path, following the lookup order above."""
-    if _looks_like_path(spec):
+    if looks_like_path(spec):
         return _checkpoint_dir(Path(spec).expanduser())
     manifest = find_manifest(spec)
     if manifest is not None:

@@ -10,7 +10,7 @@ from functools import lru_cache
 from importlib.metadata import EntryPoint, entry_points
 
 from ffai.engine import Engine, EngineInfo
-from ffai.errors import FfaiError, UsageError
+from ffai.errors import FfaiError, ModelError, UsageError
 
 GROUP = "ffai.engines"
 DEFAULT_ENGINE = "smolvlm"
@@ -43,3 +43,20 @@ def get_engine(name: str | None = None) -> Engine:
 
 def engine_infos() -> list[EngineInfo]:
     return [get_engine(name).info for name in names()]
+
+
+def engine_for_model(name: str | None, model: str | None) -> Engine:
+    """The engine a run uses: ``name`` (``--engine``) when given, else the engine the model's
+    manifest names, else the default engine. A model whose manifest names another engine than
+    ``--engine`` is refused in one line, before anything loads."""
+    from ffai import models
+
+    manifest = models.find_manifest(model) if model and not models.looks_like_path(model) else None
+    engine = get_engine(name or (manifest.engine if manifest else None))
+    if manifest is not None and manifest.engine != engine.info.name:
+        where = models.bundled_dir() / f"{manifest.name}.toml"
+        raise ModelError(
+            f"{where}: {manifest.name} is a model of the {manifest.engine!r} engine, not of --engine "
+            f"{engine.info.name}; leave --engine out or pass --engine {manifest.engine}"
+        )
+    return engine

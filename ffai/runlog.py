@@ -48,6 +48,10 @@ SETTING_FLAGS = {
     "top_k": "--top-k",
     "seed": "--seed",
     "window_as": "--window-as",
+    "min_pixels": "--min-pixels",
+    "max_pixels": "--max-pixels",
+    "frame_min_pixels": "--frame-min-pixels",
+    "frame_max_pixels": "--frame-max-pixels",
     "dtype": "--dtype",
     "device": "--device",
     "format": "the track format (-f or -o's extension)",
@@ -84,8 +88,10 @@ def settings(options: CaptionOptions, model: ResolvedModel, fmt: str) -> dict[st
     """What decides the bytes of an output, as plain JSON values (see the module docstring)."""
     d = options.decoding
     files = model_digests(model.folder)
-    # Only where given: a run from before --window-as existed then reads as the same settings.
-    window_as = {} if d.window_as is None else {"window_as": d.window_as}
+    # Only where given: a run from before --window-as (or the pixel budgets) existed then reads as
+    # the same settings.
+    optional = ("window_as", "min_pixels", "max_pixels", "frame_min_pixels", "frame_max_pixels")
+    given = {key: getattr(d, key) for key in optional if getattr(d, key) is not None}
     return {
         "engine": model.engine.info.name,
         "model": model.name,
@@ -104,7 +110,7 @@ def settings(options: CaptionOptions, model: ResolvedModel, fmt: str) -> dict[st
         "dtype": options.runtime.dtype,
         "device": options.runtime.device,
         "format": fmt,
-        **window_as,
+        **given,
     }
 
 

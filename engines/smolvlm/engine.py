@@ -74,6 +74,12 @@ class SmolVLMEngine:
         processor = ProcessorConfig.from_dir(model_dir)
         builder = PromptBuilder.from_dir(model_dir)
         _check_files_agree(model_dir, config, processor, builder)
+        if options.pixel_flags:  # SmolVLM sizes pictures by edge and tile, not by a pixel budget
+            raise UsageError(
+                f"{options.pixel_flags[0]}: the smolvlm engine takes no pixel budget; it resizes a picture's "
+                f"longest edge to {processor.longest_edge} px and cuts stills into {processor.tile_size} px tiles "
+                "(frames of a window are one tile each); leave the pixel flags out"
+            )
         if window_presentation(options, processor.video is not None, model_dir) == "video":
             text = prompt_text(options, frames, still=False, video=True)
             # Times are not known yet: the widest a window under ten hours writes (MM:SS up to
