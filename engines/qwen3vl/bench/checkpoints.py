@@ -1,0 +1,192 @@
+"""Random-weight Qwen3-VL checkpoints for the tests and the bench, written with transformers, plus
+the transformers reference loaded on them.
+
+No real weights are reachable, so the oracle tests compare ffai's port and transformers on a
+checkpoint both load from the same files, written by ``Qwen3VLForConditionalGeneration(config)
+.save_pretrained`` with every tensor re-drawn from one seed. Two shapes:
+
+- ``2b``: Qwen3-VL-2B-Instruct's own config.json (``tests/data/qwen3-vl-2b-instruct``), ~8.5 GB of
+  float32 weights under the real tensor names; the config.json written is the hub's file verbatim
+  (``rope_theta`` beside ``rope_scaling``), so the loader is tested against what the hub holds.
+- ``tiny``: the same structure, small: a 4-block vision tower with DeepStack after blocks 1 and 2,
+  a 6x6 table of position embeddings (resampled up and down to every grid), a 3-layer text tower
+  with GQA (4 heads over 2) and mRoPE sections [4, 2, 2], theta and eps other than 2B's, so
+  nothing can depend on 2B's sizes. Its config.json is the one transformers 5.x writes
+  (``rope_parameters``), so that layout is tested too. The patch, temporal patch and merge sizes
+  stay the processor's (16, 2, 2), with the real tokenizer, chat template and processor files.
+
+Weights are N(0, 0.04) everywhere, norm weights 1 + N(0, 0.04): transformers' default init leaves
+norms at 1 and biases at 0, and random-but-not-degenerate logits keep greedy argmax free of ties.
+
+The cache (``<repo>/.cache/checkpoints/qwen3-vl-<kind>-<key>/``, ``ffai.bench.checkpoints``'s
+layout) keys its folders on ``fingerprint``: this file, the config, the copied files, the seed,
+the dtype and the transformers version. torch and transformers are imported inside the
+functions that need them.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import hashlib
+import importlib.metadata
+import json
+import shutil
+from pathlib import Path
+
+from ffai.errors import ModelError
+
+ENGINE = "qwen3-vl"
+REPO = Path(__file__).resolve().parents[3]  # engines/qwen3vl/bench/ -> the source checkout
+REFERENCE_DIR = REPO / "tests" / "data" / "qwen3-vl-2b-instruct"
+KINDS = ("2b", "tiny")  # the first is the bench's checkpoint without --model
+INIT_STD = 0.04
+COPIED_FILES = (
+    "chat_template.json",
+    "generation_config.json",
+    "preprocessor_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "video_preprocessor_config.json",
+)
+
+TINY_VISION = {
+    "depth": 4,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_heads": 2,
+    "num_position_embeddings": 36,
+    "deepstack_visual_indexes": [1, 2],
+    "out_hidden_size": 64,
+}
+TINY_TEXT = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "rms_norm_eps": 1e-5,
+    "max_position_embeddings": 32768,
+}
+TINY_ROPE = {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [4, 2, 2], "mrope_interleaved": True}
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def require_reference_dir() -> Path:
+    """The folder of real config and tokenizer files, or a one-line error where it is missing."""
+    if not (REFERENCE_DIR / "config.json").is_file():
+        raise ModelError(
+            f"{REFERENCE_DIR} is missing: the random Qwen3-VL checkpoints are built from the real config "
+            f"and tokenizer files there, which ship with a source checkout only"
+        )
+    return REFERENCE_DIR
+
+
+def config_dict(kind: str) -> dict:
+    """The checkpoint's config.json content for ``kind``."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown checkpoint kind {kind!r}; expected one of {KINDS}")
+    real = read_json(require_reference_dir() / "config.json")
+    if kind == "2b":
+        return real
+    tiny = copy.deepcopy(real)
+    tiny["vision_config"].update(TINY_VISION)
+    text = tiny["text_config"]
+    text.update(TINY_TEXT)
+    del text["rope_scaling"], text["rope_theta"]
+    text["rope_parameters"] = dict(TINY_ROPE)
+    return tiny
+
+
+def reinit_(model, seed: int, std: float = INIT_STD) -> None:
+    """Every tensor drawn from one seeded generator: weights N(0, std), norm weights 1 + N(0, std)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    norm_weights = {
+        f"{name}.weight"
+        for name, module in model.named_modules()
+        if isinstance(module, torch.nn.LayerNorm) or type(module).__name__.endswith("RMSNorm")
+    }
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            noise = torch.randn(param.shape, generator=gen, dtype=torch.float32) * std
+            if name in norm_weights:
+                noise += 1.0
+            param.copy_(noise.to(param.dtype))
+
+
+def build_model(config: dict, seed: int, dtype: str = "float32"):
+    """transformers' Qwen3VLForConditionalGeneration for a config.json dict, re-initialised."""
+    import torch
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+    torch.manual_seed(seed)
+    model = Qwen3VLForConditionalGeneration(Qwen3VLConfig.from_dict(config)).float()
+    reinit_(model, seed)
+    return model.to(getattr(torch, dtype)).eval()
+
+
+def write_checkpoint(kind: str, out: Path | str, seed: int = 0, dtype: str = "float32") -> Path:
+    """Write a complete checkpoint folder (weights, config, tokenizer, processors) to ``out``."""
+    out = Path(out)
+    config = config_dict(kind)
+    out.mkdir(parents=True, exist_ok=True)
+    model = build_model(config, seed, dtype)
+    model.save_pretrained(out, safe_serialization=True)
+    del model
+    if kind == "2b":  # the hub's own config.json rather than the re-serialised one
+        shutil.copyfile(REFERENCE_DIR / "config.json", out / "config.json")
+    for name in COPIED_FILES:
+        shutil.copyfile(REFERENCE_DIR / name, out / name)
+    return out
+
+
+def fingerprint(kind: str, seed: int = 0, dtype: str = "float32") -> str:
+    """What ``write_checkpoint(kind, …, seed, dtype)`` writes depends on: this file, the config,
+    the copied files, the seed, the dtype and the transformers version."""
+    h = hashlib.sha256(Path(__file__).read_bytes())
+    h.update(json.dumps(config_dict(kind), sort_keys=True).encode())
+    for name in COPIED_FILES:
+        h.update((REFERENCE_DIR / name).read_bytes())
+    h.update(f"{seed}/{dtype}/{importlib.metadata.version('transformers')}".encode())
+    return h.hexdigest()
+
+
+def cached_checkpoint(kind: str) -> Path:
+    """The cached folder of ``kind``, written first (in this process) when absent: the folder
+    ``ffai.bench.checkpoints.checkpoint(kind, "qwen3-vl")`` names once the bench hooks return this
+    module's fingerprint, usable before the engine is registered."""
+    from ffai.bench.checkpoints import CACHE, place_atomically
+
+    key = hashlib.sha256(f"{ENGINE}/{kind}/{fingerprint(kind)}".encode()).hexdigest()[:12]
+    final = CACHE / f"{ENGINE}-{kind}-{key}"
+    if final.is_dir():
+        return final
+    return place_atomically(final, lambda tmp: write_checkpoint(kind, tmp))
+
+
+# --- the transformers reference on a checkpoint ------------------------------------------------
+
+
+@functools.cache
+def reference_model(path: Path, dtype: str = "float32", attention: str | None = None):
+    """transformers' Qwen3VLForConditionalGeneration on a checkpoint, loaded once per process.
+    ``attention`` picks transformers' attention implementation (default: its own choice, SDPA)."""
+    import torch
+    from transformers import Qwen3VLForConditionalGeneration
+
+    extra = {"attn_implementation": attention} if attention else {}
+    return Qwen3VLForConditionalGeneration.from_pretrained(path, dtype=getattr(torch, dtype), **extra).eval()
+
+
+@functools.cache
+def reference_processor(path: Path):
+    """transformers' Qwen3VLProcessor for a checkpoint (its video processor needs torchvision)."""
+    from transformers import AutoProcessor
+
+    return AutoProcessor.from_pretrained(path)

@@ -1,0 +1,163 @@
+"""Load a Qwen3-VL checkpoint (one safetensors file, or shards with their index) into :class:`Qwen3VL`.
+
+Safetensors only (never pickle). Everything is checked before a weight is read: the files the
+index names exist and hold the tensors it says; every tensor maps to a parameter of the model the
+config describes, with the config's shape; every parameter is filled (a tied LM head by the
+embedding table). Any failure is one :class:`ModelError` line naming the file (and the tensor).
+The module is built on the meta device and each parameter is assigned its tensor, read in the
+dtype asked for, so no random init runs.
+
+Checkpoint names map to module names by one table of prefixes, ``WEIGHT_PREFIXES``: the modules
+mirror transformers' own names below ``model.visual`` and ``model.language_model``, which are
+the hub checkpoints' names (the 4B's index lists them) and what transformers 5.24's
+``Qwen3VLForConditionalGeneration.save_pretrained`` writes.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from ffai.errors import ModelError
+
+from .config import ModelConfig
+from .model import PARTS, Qwen3VL
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+TIED_HEAD = "lm_head.weight"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+# checkpoint name prefix -> module name prefix
+WEIGHT_PREFIXES = {
+    "model.visual.": "visual.",
+    "model.language_model.": "text.",
+    "lm_head.": "text.lm_head.",
+}
+
+
+def module_name(name: str) -> str | None:
+    """The module parameter a checkpoint tensor fills, or None for a name outside the table."""
+    for prefix, target in WEIGHT_PREFIXES.items():
+        if name.startswith(prefix):
+            return target + name[len(prefix) :]
+    return None
+
+
+def part_of(param: str) -> str:
+    return "vision" if param.startswith("visual.") else "text"
+
+
+def weight_files(model_dir: Path) -> dict[str, Path]:
+    """Each tensor's file: from the index where there is one (every shard it names must exist
+    and be listed), else every tensor of the single file."""
+    index = model_dir / INDEX_FILE
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+                raise TypeError("weight_map must map tensor names to file names")
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
+            raise ModelError(f"{index}: cannot read the shard index: {e}") from e
+        files = {}
+        for shard in sorted(set(weight_map.values())):
+            path = model_dir / shard
+            if Path(shard).name != shard or not path.is_file():
+                raise ModelError(f"{path}: shard missing (named by {INDEX_FILE})")
+            files[shard] = path
+        at: dict[str, Path] = {}
+        for shard, path in files.items():
+            names = set(_keys(path))
+            listed = {n for n, s in weight_map.items() if s == shard}
+            if listed - names:
+                raise ModelError(f"{path}: lacks tensor {sorted(listed - names)[0]} that {INDEX_FILE} places there")
+            if names - listed:
+                raise ModelError(f"{path}: holds tensor {sorted(names - listed)[0]} that {INDEX_FILE} does not list")
+            at.update(dict.fromkeys(listed, path))
+        return at
+    single = model_dir / SINGLE_FILE
+    if not single.is_file():
+        raise ModelError(f"{model_dir}: no {SINGLE_FILE} and no {INDEX_FILE} in the model folder")
+    return dict.fromkeys(_keys(single), single)
+
+
+def _keys(path: Path) -> list[str]:
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            return list(f.keys())
+    except Exception as e:  # safetensors raises its own error types for a damaged header
+        raise ModelError(f"{path}: not a readable safetensors file: {e}") from e
+
+
+def _shapes(path: Path, names: list[str]) -> dict[str, tuple[int, ...]]:
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt", device="cpu") as f:
+        return {n: tuple(f.get_slice(n).get_shape()) for n in names}
+
+
+def plan_tensors(model_dir: Path, cfg: ModelConfig) -> dict[str, tuple[str, Path]]:
+    """module parameter -> (checkpoint name, file) for the whole model, after every check."""
+    with torch.device("meta"):
+        full = Qwen3VL(cfg)
+    expected = {n: tuple(p.shape) for n, p in full.named_parameters(remove_duplicate=False)}
+    at = weight_files(model_dir)
+    by_file: dict[Path, list[str]] = {}
+    for name, path in at.items():
+        by_file.setdefault(path, []).append(name)
+    plan: dict[str, tuple[str, Path]] = {}
+    for path, names in by_file.items():
+        for name, shape in _shapes(path, names).items():
+            param = module_name(name)
+            if param is None or param not in expected:
+                raise ModelError(f"{path}: tensor {name} is not part of a Qwen3-VL model with this config.json")
+            if shape != expected[param]:
+                raise ModelError(
+                    f"{path}: tensor {name} has shape {list(shape)}, config.json says {list(expected[param])}"
+                )
+            if name == TIED_HEAD and cfg.tie_word_embeddings:
+                continue  # the config ties the head to the embedding table, as transformers does
+            plan[param] = (name, path)
+    tied = {"text.lm_head.weight"} if cfg.tie_word_embeddings else set()
+    missing = [p for p in expected if p not in plan and p not in tied]
+    if missing:
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        raise ModelError(f"{model_dir}: checkpoint is missing tensor(s) for {shown}")
+    return plan
+
+
+def load_model(model_dir: Path | str, dtype: str = "float32", *, parts: tuple[str, ...] = PARTS) -> Qwen3VL:
+    """:class:`Qwen3VL` from a checkpoint folder, holding ``parts`` ("vision", "text"), in ``dtype``.
+
+    The whole checkpoint is checked either way, so a folder loads for one part exactly when it loads
+    for both."""
+    if dtype not in DTYPES:
+        raise ModelError(f"dtype {dtype!r} is not supported by the Qwen3-VL engine (one of {', '.join(DTYPES)})")
+    from safetensors import safe_open
+
+    model_dir = Path(model_dir)
+    cfg = ModelConfig.from_dir(model_dir)
+    plan = plan_tensors(model_dir, cfg)
+    with torch.device("meta"):
+        model = Qwen3VL(cfg, parts)
+    wanted = {p: plan[p] for p, _ in model.named_parameters() if p in plan}
+    by_file: dict[Path, list[tuple[str, str]]] = {}
+    for param, (name, path) in wanted.items():
+        by_file.setdefault(path, []).append((param, name))
+    state = {}
+    for path, items in by_file.items():
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            for param, name in items:
+                state[param] = f.get_tensor(name).to(DTYPES[dtype])
+    tie = cfg.tie_word_embeddings and "text" in model.parts
+    if tie:
+        state["text.lm_head.weight"] = state["text.embed_tokens.weight"]
+    model.load_state_dict(state, strict=True, assign=True)
+    state.clear()
+    if tie:
+        model.text.lm_head.weight = model.text.embed_tokens.weight  # assign=True made two Parameters
+    return model.eval().requires_grad_(False)
