@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from ffai.errors import ModelError, UsageError
 
 from .preprocess import ProcessorConfig, read_json_object
-from .video_frames import pair_times, video_grid
+from .video_frames import pair_times, video_grid, widest_video_tokens
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from tokenizers import Tokenizer
@@ -129,6 +129,17 @@ class PromptBuilder:
         if len(times) != n:
             raise ValueError(f"{n_frames} frames with {len(times)} times")
         return len(self.build_video(video_grid(n_frames, height, width, cfg), times, text, cfg))
+
+    def count_widest(self, n_frames: int, text: str, widest_time: float, cfg: ProcessorConfig) -> int:
+        """At least the length of any window prompt of ``n_frames`` frames, whatever their size,
+        with clip times of at most as many digits as ``widest_time``: the prompt's text at that
+        time, plus ``widest_video_tokens``. ``<|video_pad|>`` is a special token, so the text's
+        tokens do not depend on how many pads stand between them."""
+        n = max(n_frames, 2)  # a lone frame is doubled
+        pairs = (n + -n % cfg.temporal_patch_size) // cfg.temporal_patch_size
+        one_pad = (pairs, cfg.merge_size, cfg.merge_size)  # a grid of one merge window per pair
+        text_tokens = len(self.build_video(one_pad, [widest_time] * n, text, cfg)) - pairs
+        return text_tokens + widest_video_tokens(n_frames, cfg)
 
     def encode(self, prompt: str) -> list[int]:
         return self._tokenizer.encode(prompt, add_special_tokens=False).ids

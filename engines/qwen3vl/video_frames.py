@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from ffai.errors import MediaError
 
-from .preprocess import Pictures, ProcessorConfig, check_picture_size, resize_tensor, rgb_tensor
+from .preprocess import MAX_ASPECT, Pictures, ProcessorConfig, check_picture_size, resize_tensor, rgb_tensor
 
 if TYPE_CHECKING:  # pragma: no cover - typing only; torch and PIL load lazily
     from PIL import Image
@@ -70,16 +70,25 @@ def video_size(n_frames: int, height: int, width: int, cfg: ProcessorConfig) -> 
     check_picture_size(height, width)
     if n_frames < cfg.temporal_patch_size:
         raise ValueError(f"a clip of {n_frames} frames: clip_frames doubles a lone frame first")
-    max_pixels = cfg.video.max_pixels
-    if cfg.cap_pixels_per_frame:
-        # The processor's opt-in cap: a frame costs at most max_video_tokens merged patches, or
-        # its even share of the clip's budget, but never under 1.05 x the minimum.
-        frame_cap = cfg.max_video_tokens * cfg.factor**2
-        per_frame = max(min(frame_cap, max_pixels // n_frames), int(cfg.video.min_pixels * 1.05))
-        max_pixels = per_frame * n_frames
     return video_smart_resize(
-        n_frames, height, width, cfg.temporal_patch_size, cfg.factor, cfg.video.min_pixels, max_pixels
+        n_frames,
+        height,
+        width,
+        cfg.temporal_patch_size,
+        cfg.factor,
+        cfg.video.min_pixels,
+        clip_max_pixels(n_frames, cfg),
     )
+
+
+def clip_max_pixels(n_frames: int, cfg: ProcessorConfig) -> int:
+    """The most pixels all frames of an ``n_frames`` clip may hold together."""
+    if not cfg.cap_pixels_per_frame:
+        return cfg.video.max_pixels
+    # The processor's opt-in cap: a frame costs at most max_video_tokens merged patches, or its
+    # even share of the clip's budget, but never under 1.05 x the minimum.
+    frame_cap = cfg.max_video_tokens * cfg.factor**2
+    return max(min(frame_cap, cfg.video.max_pixels // n_frames), int(cfg.video.min_pixels * 1.05)) * n_frames
 
 
 def video_smart_resize(
@@ -91,6 +100,10 @@ def video_smart_resize(
     if height < factor or width < factor:
         scale = max(factor / height, factor / width)
         height, width = int(height * scale), int(width * scale)
+        if max(height, width) / min(height, width) > MAX_ASPECT:  # truncation can tip it over
+            raise MediaError(
+                f"a frame scaled up to {width}x{height}: Qwen3-VL takes aspect ratios up to {MAX_ASPECT}:1"
+            )
     h_bar = round(height / factor) * factor
     w_bar = round(width / factor) * factor
     t_bar = round(n_frames / temporal_factor) * temporal_factor
@@ -120,3 +133,21 @@ def pair_times(times: Sequence[float], temporal_patch_size: int) -> list[float]:
     times = [float(t) for t in times]
     times += times[-1:] * (-len(times) % temporal_patch_size)
     return [(times[i] + times[i + temporal_patch_size - 1]) / 2 for i in range(0, len(times), temporal_patch_size)]
+
+
+def widest_video_tokens(n_frames: int, cfg: ProcessorConfig) -> int:
+    """At most this many ``<|video_pad|>`` tokens for a window of ``n_frames`` frames of any size
+    ffai accepts (aspect up to 200:1), for a window check made before frames are seen. From
+    ``video_smart_resize``'s three branches, per frame (f = 32 px, M = the clip's maximum, m its
+    minimum, r <= 200 the aspect): kept, T_bar * area <= M; shrunk, each side is at most f or its
+    share of M / n, so area <= max(M / n, f * sqrt(r * M / n), f^2); grown, each side is under
+    its share of m / n plus f."""
+    n = max(n_frames, 2)  # a lone frame is doubled
+    f, tp = cfg.factor, cfg.temporal_patch_size
+    most, least = clip_max_pixels(n, cfg), cfg.video.min_pixels
+    t_bar = round(n / tp) * tp
+    kept = most / t_bar
+    shrunk = max(most / n, f * math.sqrt(MAX_ASPECT * most / n), f * f)
+    grown = least / n + f * math.sqrt(least / n) * (math.sqrt(MAX_ASPECT) + 1 / math.sqrt(MAX_ASPECT)) + f * f
+    pairs = (n + -n % tp) // tp
+    return pairs * math.floor(max(kept, shrunk, grown) / (f * f))
