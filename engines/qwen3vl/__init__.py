@@ -4,3 +4,7 @@ This folder, ``engines/qwen3vl``, installs as the package ``ffai_qwen3vl`` (pypr
 ``package-dir``), as ``engines/smolvlm`` installs as ``ffai_smolvlm``. Importing it must stay cheap
 (no torch).
 """
+
+from ffai_qwen3vl.engine import ENGINE
+
+__all__ = ["ENGINE"]

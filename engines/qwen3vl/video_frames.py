@@ -57,11 +57,14 @@ def preprocess_video(images: Sequence[Image.Image], cfg: ProcessorConfig) -> Pic
     if len(sizes) != 1:
         raise MediaError(f"the frames of one window differ in size: {sorted(sizes)}")
     height, width = video_size(len(images), *sizes.pop(), cfg)
-    x = torch.cat([rgb_tensor(image) for image in images])  # (T, 3, H, W)
-    x = resize_tensor(x, (height, width))
-    if pad := -len(images) % cfg.temporal_patch_size:
-        x = torch.cat([x, x[-1:].expand(pad, -1, -1, -1)])
-    grid = (x.shape[0] // cfg.temporal_patch_size, height // cfg.patch_size, width // cfg.patch_size)
+    n = len(images) + -len(images) % cfg.temporal_patch_size
+    x = torch.empty(n, 3, height, width, dtype=torch.uint8)
+    # One frame at a time: the reference resizes the stacked clip, but each frame's planes are
+    # resized alone either way, and only one full-size frame is held at once (64 1080p frames: 400 MB).
+    for i, image in enumerate(images):
+        x[i] = resize_tensor(rgb_tensor(image), (height, width))[0]
+    x[len(images) :] = x[len(images) - 1]  # an odd count padded with the last frame
+    grid = (n // cfg.temporal_patch_size, height // cfg.patch_size, width // cfg.patch_size)
     return Pictures([x], torch.tensor([grid], dtype=torch.long))
 
 

@@ -1,0 +1,304 @@
+"""Qwen3-VL's model port against transformers 5.24 on a tiny random-weight checkpoint written by
+transformers itself (ffai_qwen3vl.bench.checkpoints, cached): each gate isolates a stage — the
+vision tower with its DeepStack features (bit-equal), the 3-row rotary positions (equal), the
+prefill logits (bit-equal to what transformers' generate computes: the last row, logits_to_keep=1)
+and 32 greedy tokens (identical) — for a still, an 8-frame and a 3-frame window as video (the
+processor pads the odd frame), and an image beside a video. The inputs are transformers'
+processor's own tensors, so these gates need no ffai preprocessing. Also: the config reader and
+the loader's one-line refusals, shards, parts, the cache, stopping and sampling."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from ffai.engine import DecodingOptions
+from ffai.errors import EngineError, ModelError
+from ffai_qwen3vl import generate as G
+from ffai_qwen3vl.bench.checkpoints import REFERENCE_DIR, cached_checkpoint, reference_model, reference_processor
+from ffai_qwen3vl.config import ModelConfig
+from ffai_qwen3vl.model import Visual
+from ffai_qwen3vl.rope import rope_index
+from ffai_qwen3vl.weights import INDEX_FILE, SINGLE_FILE, load_model
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+STOP_IDS = (151645, 151643)  # generation_config.json's eos_token_id
+N_TOKENS = 32
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return cached_checkpoint("tiny")
+
+
+@pytest.fixture(scope="module")
+def reference(tiny):
+    return reference_model(tiny), reference_processor(tiny)
+
+
+@pytest.fixture(scope="module")
+def ours(tiny):
+    return load_model(tiny)
+
+
+def _prompt(processor, kinds: list[str]) -> str:
+    content = [{"type": kind} for kind in kinds] + [{"type": "text", "text": "Describe what you see."}]
+    return processor.apply_chat_template(
+        [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False
+    )
+
+
+def _video(frames: int, seed: int):
+    from transformers.video_utils import VideoMetadata
+
+    pixels = np.random.default_rng(seed).integers(0, 256, (frames, 72, 100, 3), dtype=np.uint8)
+    meta = VideoMetadata(total_num_frames=frames, fps=2.0, frames_indices=list(range(frames)), duration=frames / 2)
+    return pixels, meta
+
+
+def processor_inputs(processor, case: str) -> dict:
+    """What transformers' Qwen3VLProcessor returns for a case (a still of odd size, windows of 8 and
+    3 frames at 2 fps, or an image and a video in one prompt)."""
+    image = Image.fromarray(np.random.default_rng(1).integers(0, 256, (190, 301, 3), dtype=np.uint8))
+    if case == "still":
+        return processor(text=[_prompt(processor, ["image"])], images=[image], return_tensors="pt")
+    frames = {"video8": 8, "video3": 3, "image+video": 4}[case]
+    pixels, meta = _video(frames, seed=frames)
+    kinds = ["image", "video"] if case == "image+video" else ["video"]
+    images = [image] if case == "image+video" else None
+    return processor(
+        text=[_prompt(processor, kinds)],
+        images=images,
+        videos=[pixels],
+        video_metadata=[meta],
+        do_sample_frames=False,
+        return_tensors="pt",
+    )
+
+
+def encode_all(model, inputs: dict) -> tuple[Visual | None, Visual | None]:
+    images = videos = None
+    if "pixel_values" in inputs:
+        images = model.encode(inputs["pixel_values"], inputs["image_grid_thw"])
+    if "pixel_values_videos" in inputs:
+        videos = model.encode(inputs["pixel_values_videos"], inputs["video_grid_thw"])
+    return images, videos
+
+
+CASES = ("still", "video8", "video3")
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_vision_features_and_deepstack_bit_equal(reference, ours, case):
+    ref, processor = reference
+    inputs = processor_inputs(processor, case)
+    key = "pixel_values" if case == "still" else "pixel_values_videos"
+    grid = inputs["image_grid_thw" if case == "still" else "video_grid_thw"]
+    with torch.no_grad():
+        expected = ref.model.visual(inputs[key], grid_thw=grid, return_dict=True)
+    got = ours.encode(inputs[key], grid)
+    assert torch.equal(got.embeds, expected.pooler_output)
+    assert len(got.deepstack) == len(expected.deepstack_features) == 2
+    for a, b in zip(got.deepstack, expected.deepstack_features):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("case", (*CASES, "image+video"))
+def test_rope_positions_and_prefill_logits_equal(reference, ours, case):
+    ref, processor = reference
+    inputs = processor_inputs(processor, case)
+    images, videos = encode_all(ours, inputs)
+    expected, expected_delta = ref.model.get_rope_index(
+        inputs["input_ids"], inputs["mm_token_type_ids"], inputs.get("image_grid_thw"), inputs.get("video_grid_thw")
+    )
+    ids, positions, delta, (x, deepstack) = G.prompt_state(ours, inputs["input_ids"], images, videos)
+    assert torch.equal(positions, expected)
+    assert delta == int(expected_delta)
+    with torch.no_grad():
+        want = ref(**inputs, logits_to_keep=1).logits[:, -1]
+    got = G.prefill(ours, x, positions, ours.text.new_cache(1, ids.shape[1]), deepstack)
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("case", ("still", "video8", "video3"))
+def test_greedy_tokens_identical(reference, ours, case):
+    ref, processor = reference
+    inputs = processor_inputs(processor, case)
+    images, videos = encode_all(ours, inputs)
+    options = DecodingOptions(max_new_tokens=N_TOKENS, force_new_tokens=True)
+    got = G.generate(ours, inputs["input_ids"], images, videos, options, STOP_IDS)
+    with torch.no_grad():
+        out = ref.generate(**inputs, do_sample=False, max_new_tokens=N_TOKENS, min_new_tokens=N_TOKENS)
+    assert got == out[0, inputs["input_ids"].shape[1] :].tolist()
+
+
+def test_cached_decoding_equals_recomputing(reference, ours):
+    """Each cached decode step picks the token a cache-free pass over prompt + tokens picks."""
+    _, processor = reference
+    inputs = processor_inputs(processor, "video8")
+    images, videos = encode_all(ours, inputs)
+    tokens = G.generate(ours, inputs["input_ids"], images, videos, DecodingOptions(max_new_tokens=12), STOP_IDS)
+    assert len(tokens) == 12  # random weights: no stop token in the first 12
+    ids, positions, delta, (x, deepstack) = G.prompt_state(ours, inputs["input_ids"], images, videos)
+    prompt_len = ids.shape[1]
+    new = torch.tensor(tokens[:-1])
+    x = torch.cat([x, ours.text.embed_tokens(new)[None]], dim=1)  # (1, T + 11, D)
+    later = (torch.arange(prompt_len, prompt_len + len(new)) + delta).expand(3, -1)
+    rope = G.rope_rows(ours, torch.cat([positions[:, 0], later], dim=1), x.dtype)
+    mask, features = deepstack
+    mask = torch.cat([mask, torch.zeros(1, len(new), dtype=torch.bool)], dim=1)
+    with torch.no_grad():
+        logits = ours.text(x, rope, slice(0, x.shape[1]), None, deepstack=(mask, features))
+    assert logits[0, prompt_len - 1 :].argmax(-1).tolist() == tokens
+
+
+def test_stop_ids_end_the_answer_and_sampling_is_seeded(reference, ours):
+    _, processor = reference
+    inputs = processor_inputs(processor, "still")
+    images, _ = encode_all(ours, inputs)
+    ids = inputs["input_ids"]
+    tokens = G.generate(ours, ids, images, None, DecodingOptions(max_new_tokens=8), STOP_IDS)
+    stop = tokens[5]
+    first = tokens.index(stop)
+    assert G.generate(ours, ids, images, None, DecodingOptions(max_new_tokens=8), [stop]) == tokens[:first]
+    sampled = DecodingOptions(max_new_tokens=8, temperature=0.7, top_k=20, top_p=0.8, seed=3)
+    runs = [G.generate(ours, ids, images, None, sampled, STOP_IDS) for _ in range(2)]
+    assert runs[0] == runs[1]
+
+
+def test_parts_load_alone_and_agree(tiny, reference, ours):
+    _, processor = reference
+    inputs = processor_inputs(processor, "still")
+    vision, text = load_model(tiny, parts=("vision",)), load_model(tiny, parts=("text",))
+    assert vision.text is None and text.visual is None
+    images = vision.encode(inputs["pixel_values"], inputs["image_grid_thw"])
+    options = DecodingOptions(max_new_tokens=6)
+    expected = G.generate(ours, inputs["input_ids"], *encode_all(ours, inputs), options, STOP_IDS)
+    assert G.generate(text, inputs["input_ids"], images, None, options, STOP_IDS) == expected
+    with pytest.raises(EngineError, match="without its vision part"):
+        text.encode(inputs["pixel_values"], inputs["image_grid_thw"])
+
+
+def test_prompt_and_pixels_that_disagree_are_refused(reference, ours):
+    _, processor = reference
+    inputs = processor_inputs(processor, "still")
+    images, _ = encode_all(ours, inputs)
+    with pytest.raises(EngineError, match="a run of 48 image tokens at position 4 does not match its grid"):
+        G.generate(ours, inputs["input_ids"][:, :-40], images, None, DecodingOptions(max_new_tokens=2), STOP_IDS)
+    with pytest.raises(EngineError, match="hold .* patches"):
+        ours.encode(inputs["pixel_values"][:-4], inputs["image_grid_thw"])
+    with pytest.raises(EngineError, match="more image grids"):
+        rope_index([1, 2, 3], torch.tensor([[1, 2, 2]]), None, image_token_id=9, video_token_id=8, spatial_merge_size=2)
+
+
+# --- config ----------------------------------------------------------------------------------
+
+
+def test_config_reads_the_hub_layout_and_the_written_one(tiny, reference):
+    hub = ModelConfig.from_dir(REFERENCE_DIR)  # rope_theta beside rope_scaling
+    assert (hub.text.rope_theta, hub.text.mrope_section) == (5e6, (24, 20, 20))
+    assert hub.vision.deepstack_visual_indexes == (5, 11, 17) and hub.tie_word_embeddings
+    assert (hub.text.num_hidden_layers, hub.text.num_key_value_heads, hub.vision.grid_side) == (28, 8, 48)
+    cfg, ref = ModelConfig.from_dir(tiny), reference[0].config  # rope_parameters, as transformers 5.x writes
+    assert cfg.text.mrope_section == tuple(ref.text_config.rope_parameters["mrope_section"])
+    assert cfg.text.rope_theta == ref.text_config.rope_parameters["rope_theta"]
+    assert cfg.vision.deepstack_visual_indexes == tuple(ref.vision_config.deepstack_visual_indexes)
+    assert (cfg.text.rms_norm_eps, cfg.video_token_id) == (ref.text_config.rms_norm_eps, ref.video_token_id)
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda c: c.update(model_type="smolvlm"), "model_type 'smolvlm' is not a Qwen3-VL checkpoint"),
+        (lambda c: c.pop("vision_config"), "missing required key vision_config"),
+        (lambda c: c["text_config"].update(hidden_size="wide"), "text_config.hidden_size must be int"),
+        (lambda c: c["text_config"]["rope_scaling"].update(mrope_section=[24, 20, 21]), "must add up to head_dim"),
+        (lambda c: c["text_config"]["rope_scaling"].update(rope_type="yarn"), "rope_type 'yarn' is not supported"),
+        (lambda c: c["vision_config"].update(out_hidden_size=1024), "out_hidden_size 1024 must equal"),
+    ],
+)
+def test_bad_config_is_one_line_naming_the_file(tmp_path, edit, message):
+    data = json.loads((REFERENCE_DIR / "config.json").read_text())
+    edit(data)
+    (tmp_path / "config.json").write_text(json.dumps(data))
+    with pytest.raises(ModelError, match=message) as info:
+        ModelConfig.from_dir(tmp_path)
+    assert str(info.value).startswith(str(tmp_path / "config.json")) and "\n" not in str(info.value)
+
+
+# --- weights ---------------------------------------------------------------------------------
+
+
+def _folder(tiny, out, tensors: dict, shards: int = 1) -> None:
+    """A copy of the tiny checkpoint's small files with ``tensors`` as its weights, in ``shards`` files."""
+    from safetensors.torch import save_file
+
+    for path in tiny.iterdir():
+        if path.suffix == ".json":
+            shutil.copyfile(path, out / path.name)
+    names = sorted(tensors)
+    if shards == 1:
+        save_file(tensors, str(out / SINGLE_FILE))
+        return
+    weight_map = {}
+    for i in range(shards):
+        shard = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+        part = {n: tensors[n] for n in names[i::shards]}
+        save_file(part, str(out / shard))
+        weight_map.update(dict.fromkeys(part, shard))
+    (out / INDEX_FILE).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+
+
+@pytest.fixture(scope="module")
+def tiny_tensors(tiny):
+    from safetensors.torch import load_file
+
+    return load_file(str(tiny / SINGLE_FILE))
+
+
+def test_shards_load_as_one_checkpoint(tiny, tiny_tensors, ours, tmp_path):
+    _folder(tiny, tmp_path, tiny_tensors, shards=2)
+    sharded = load_model(tmp_path)
+    for (name, a), (_, b) in zip(ours.state_dict().items(), sharded.state_dict().items()):
+        assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        ("drop_shard", "shard missing \\(named by model.safetensors.index.json\\)"),
+        ("drop_index", "no model.safetensors and no model.safetensors.index.json"),
+        ("index_lies", "lacks tensor .* that model.safetensors.index.json places there"),
+        ("wrong_shape", "tensor model.visual.pos_embed.weight has shape \\[35, 32\\], config.json says \\[36, 32\\]"),
+        ("extra", "tensor model.visual.extra.weight is not part of a Qwen3-VL model"),
+        ("missing", "checkpoint is missing tensor\\(s\\) for text.layers.2.mlp.down_proj.weight"),
+    ],
+)
+def test_bad_checkpoint_is_one_line_naming_the_file(tiny, tiny_tensors, tmp_path, damage, message):
+    tensors = dict(tiny_tensors)
+    if damage == "wrong_shape":
+        tensors["model.visual.pos_embed.weight"] = tensors["model.visual.pos_embed.weight"][:35].clone()
+    if damage == "extra":
+        tensors["model.visual.extra.weight"] = torch.zeros(2)
+    if damage == "missing":
+        del tensors["model.language_model.layers.2.mlp.down_proj.weight"]
+    _folder(tiny, tmp_path, tensors, shards=2)
+    if damage == "drop_shard":
+        next(tmp_path.glob("model-00002-*")).unlink()
+    if damage == "drop_index":
+        (tmp_path / INDEX_FILE).unlink()
+    if damage == "index_lies":
+        index = json.loads((tmp_path / INDEX_FILE).read_text())
+        shards = sorted(set(index["weight_map"].values()))
+        name = "model.visual.pos_embed.weight"
+        index["weight_map"][name] = next(s for s in shards if s != index["weight_map"][name])
+        (tmp_path / INDEX_FILE).write_text(json.dumps(index))
+    with pytest.raises(ModelError, match=message) as info:
+        load_model(tmp_path, parts=("vision",))
+    assert str(info.value).startswith(str(tmp_path)) and "\n" not in str(info.value)
