@@ -148,7 +148,7 @@ def test_cached_decoding_equals_recomputing(reference, ours):
     ids, positions, delta, (x, deepstack) = G.prompt_state(ours, inputs["input_ids"], images, videos)
     prompt_len = ids.shape[1]
     new = torch.tensor(tokens[:-1])
-    x = torch.cat([x, ours.text.embed_tokens(new)[None]], dim=1)  # (1, T + 11, D)
+    x = torch.cat([x, ours.text.embed(new[None])], dim=1)  # (1, T + 11, D)
     later = (torch.arange(prompt_len, prompt_len + len(new)) + delta).expand(3, -1)
     rope = G.rope_rows(ours, torch.cat([positions[:, 0], later], dim=1), x.dtype)
     mask, features = deepstack
@@ -302,3 +302,26 @@ def test_bad_checkpoint_is_one_line_naming_the_file(tiny, tiny_tensors, tmp_path
     with pytest.raises(ModelError, match=message) as info:
         load_model(tmp_path, parts=("vision",))
     assert str(info.value).startswith(str(tmp_path)) and "\n" not in str(info.value)
+
+
+def test_bfloat16_agrees_with_float32(tiny, reference, ours):
+    """--dtype bfloat16 (linears and the embedding table bfloat16, norms and residuals float32)
+    holds the bench's agreement gate (cosine with float32 >= 0.9995) on the tiny checkpoint's
+    features and first logits, and takes half the bytes; the figures are printed (-s)."""
+    from ffai.bench.agreement import cosine
+    from ffai.bench.gates import COSINE_MIN
+
+    _, processor = reference
+    inputs = processor_inputs(processor, "video8")
+    half = load_model(tiny, "bfloat16")
+    figures = {}
+    for name, model in (("float32", ours), ("bfloat16", half)):
+        _, videos = encode_all(model, inputs)
+        ids, positions, _, (x, deepstack) = G.prompt_state(model, inputs["input_ids"], None, videos)
+        logits = G.prefill(model, x, positions, model.text.new_cache(1, ids.shape[1]), deepstack)
+        figures[name] = (videos.embeds, *videos.deepstack, logits)
+    agreement = [cosine(a, b) for a, b in zip(*figures.values())]
+    print(f"bfloat16 vs float32 cosines (tokens, deepstack..., logits): {[round(c, 6) for c in agreement]}")
+    assert min(agreement) >= COSINE_MIN["bfloat16"]
+    size = {n: sum(p.numel() * p.element_size() for p in m.parameters()) for n, m in (("f", ours), ("h", half))}
+    assert size["h"] < 0.55 * size["f"]

@@ -51,7 +51,7 @@ def decode_one_token(
     model: Qwen3VL, token: torch.Tensor, slot: int, rope: tuple[torch.Tensor, torch.Tensor], cache: KVCache
 ) -> torch.Tensor:
     """(B,) token ids written at cache ``slot`` with its (1, head_dim) ``rope`` -> (B, vocab) logits."""
-    x = model.text.embed_tokens(token[:, None])  # (B, 1, D)
+    x = model.text.embed(token[:, None])  # (B, 1, D)
     return model.text(x, rope, slice(slot, slot + 1), cache)[:, -1]
 
 
@@ -72,7 +72,7 @@ def decode_n_tokens(
     stops = torch.tensor(sorted(set(stop_ids)), dtype=torch.long, device=logits.device)
     # Every position this call can reach, rotated once rather than once per step.
     positions = (torch.arange(slot, slot + n, device=logits.device) + delta).expand(3, -1)  # (3, n)
-    cos, sin = rope_rows(model, positions, model.text.embed_tokens.weight.dtype)  # (n, hd) each
+    cos, sin = rope_rows(model, positions, model.text.dtype)  # (n, hd) each
     tokens: list[int] = []
     while True:
         if force and stops.numel():

@@ -50,7 +50,8 @@ class Qwen3VL(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        return next(self.parameters()).dtype
+        """The activations' dtype: the norms' (float32 also when linears are bfloat16)."""
+        return (self.text.norm.weight if self.text is not None else self.visual.merger.norm.weight).dtype
 
     @property
     def device(self) -> torch.device:
@@ -104,7 +105,7 @@ class Qwen3VL(nn.Module):
         input of the text tower: (visual mask (B, T), one (n_visual, D) feature per layer), or None."""
         self._require("text")
         ids = input_ids.to(self.device)
-        x = self.text.embed_tokens(ids)  # (B, T, D)
+        x = self.text.embed(ids)  # (B, T, D)
         masks = {}
         for name, token, visual in (
             ("image", self.cfg.image_token_id, images),

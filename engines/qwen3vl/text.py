@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import TextConfig
+from .layers import Linear
 from .rope import apply_rope
 
 # Cache lengths are rounded up to a multiple of this, so requests of similar lengths share one.
@@ -78,10 +79,10 @@ class Attention(nn.Module):
         self.layer = layer
         self.heads, self.kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         bias = cfg.attention_bias
-        self.q_proj = nn.Linear(cfg.hidden_size, self.heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(cfg.hidden_size, self.kv_heads * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(cfg.hidden_size, self.kv_heads * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.heads * self.head_dim, cfg.hidden_size, bias=bias)
+        self.q_proj = Linear(cfg.hidden_size, self.heads * self.head_dim, bias=bias)
+        self.k_proj = Linear(cfg.hidden_size, self.kv_heads * self.head_dim, bias=bias)
+        self.v_proj = Linear(cfg.hidden_size, self.kv_heads * self.head_dim, bias=bias)
+        self.o_proj = Linear(self.heads * self.head_dim, cfg.hidden_size, bias=bias)
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
 
@@ -115,9 +116,9 @@ class MLP(nn.Module):
 
     def __init__(self, cfg: TextConfig) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -155,7 +156,7 @@ class TextModel(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, _weight=table)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.cache: KVCache | None = None  # allocated by the first reserve_cache
@@ -179,16 +180,24 @@ class TextModel(nn.Module):
             x = x[:, -1:]  # (B, 1, D)
         return self.lm_head(self.norm(x))
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The residual stream's dtype (the norms': float32 also when linears are bfloat16)."""
+        return self.norm.weight.dtype
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """(B, T) ids -> (B, T, D) rows of the table, in the residual stream's dtype."""
+        return self.embed_tokens(ids).to(self.dtype)
+
     def new_cache(self, batch: int, max_len: int) -> KVCache:
         """A cache of its own for the caller (the tower's own one is ``reserve_cache``'s)."""
-        w = self.norm.weight
-        return KVCache(self.cfg, batch, max_len, self.embed_tokens.weight.dtype, w.device)
+        return KVCache(self.cfg, batch, max_len, self.dtype, self.norm.weight.device)
 
     def reserve_cache(self, batch: int, length: int) -> KVCache:
         """The tower's cache with room for ``length`` positions, allocated on first use and replaced
         only when a request does not fit (rounded up to ``CACHE_STEP``, at most the context). Earlier
         contents are never read: attention sees ``[:end]``, which a request writes before reading."""
-        w = self.embed_tokens.weight
+        w = self.norm.weight
         if self.cache is None or not self.cache.fits(batch, length, w.dtype, w.device):
             size = min(-(-length // CACHE_STEP) * CACHE_STEP, self.cfg.max_position_embeddings)
             self.cache = self.new_cache(batch, max(size, length))

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import VisionConfig
+from .layers import Linear
 from .rope import apply_rope, inv_freq, rotary
 
 
@@ -77,7 +78,8 @@ class PatchEmbed(nn.Module):
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
         x = pixels.view(-1, self.in_channels, *self.kernel)  # (N, C, Tp, P, P)
         w = self.proj.weight
-        return F.conv3d(x.to(w.dtype), w, self.proj.bias, stride=self.kernel).view(-1, self.dim)  # (N, D)
+        y = F.conv3d(x.to(w.dtype), w, self.proj.bias, stride=self.kernel)  # (N, D, 1, 1, 1)
+        return y.view(-1, self.dim).to(pixels.dtype)  # (N, D)
 
 
 class Attention(nn.Module):
@@ -87,8 +89,8 @@ class Attention(nn.Module):
     def __init__(self, cfg: VisionConfig) -> None:
         super().__init__()
         self.heads, self.head_dim = cfg.num_heads, cfg.head_dim
-        self.qkv = nn.Linear(cfg.hidden_size, 3 * cfg.hidden_size, bias=True)
-        self.proj = nn.Linear(cfg.hidden_size, cfg.hidden_size, bias=True)
+        self.qkv = Linear(cfg.hidden_size, 3 * cfg.hidden_size, bias=True)
+        self.proj = Linear(cfg.hidden_size, cfg.hidden_size, bias=True)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], lengths: list[int]) -> torch.Tensor:
         n = x.shape[0]
@@ -109,8 +111,8 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg: VisionConfig) -> None:
         super().__init__()
-        self.linear_fc1 = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=True)
-        self.linear_fc2 = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=True)
+        self.linear_fc1 = Linear(cfg.hidden_size, cfg.intermediate_size, bias=True)
+        self.linear_fc2 = Linear(cfg.intermediate_size, cfg.hidden_size, bias=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear_fc2(F.gelu(self.linear_fc1(x), approximate="tanh"))
@@ -141,8 +143,8 @@ class PatchMerger(nn.Module):
         self.width = cfg.hidden_size * cfg.merge_unit
         self.postshuffle = postshuffle
         self.norm = nn.LayerNorm(self.width if postshuffle else cfg.hidden_size, eps=1e-6)
-        self.linear_fc1 = nn.Linear(self.width, self.width, bias=True)
-        self.linear_fc2 = nn.Linear(self.width, cfg.out_hidden_size, bias=True)
+        self.linear_fc1 = Linear(self.width, self.width, bias=True)
+        self.linear_fc2 = Linear(self.width, cfg.out_hidden_size, bias=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.norm(x.view(-1, self.width) if self.postshuffle else x).view(-1, self.width)  # (N/m^2, m^2 D)

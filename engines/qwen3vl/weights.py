@@ -19,6 +19,7 @@ import json
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from ffai.errors import ModelError
 
@@ -130,8 +131,20 @@ def plan_tensors(model_dir: Path, cfg: ModelConfig) -> dict[str, tuple[str, Path
     return plan
 
 
+def low_precision(model: Qwen3VL) -> frozenset[str]:
+    """The parameters a ``--dtype`` other than float32 holds in that dtype: the linears' and the
+    patch embedding's, and the token embedding table (which the tied LM head shares). Norms, the
+    position table and so the residual streams stay float32 (``layers.Linear``)."""
+    kept = set()
+    for name, module in model.named_modules():
+        if isinstance(module, (nn.Linear, nn.Conv3d)) or name == "text.embed_tokens":
+            kept |= {f"{name}.{p}" for p, _ in module.named_parameters(recurse=False)}
+    return frozenset(kept)
+
+
 def load_model(model_dir: Path | str, dtype: str = "float32", *, parts: tuple[str, ...] = PARTS) -> Qwen3VL:
-    """:class:`Qwen3VL` from a checkpoint folder, holding ``parts`` ("vision", "text"), in ``dtype``.
+    """:class:`Qwen3VL` from a checkpoint folder, holding ``parts`` ("vision", "text"), its
+    ``low_precision`` parameters in ``dtype`` (float32: the exact path; bfloat16), the rest float32.
 
     The whole checkpoint is checked either way, so a folder loads for one part exactly when it loads
     for both."""
@@ -148,11 +161,12 @@ def load_model(model_dir: Path | str, dtype: str = "float32", *, parts: tuple[st
     by_file: dict[Path, list[tuple[str, str]]] = {}
     for param, (name, path) in wanted.items():
         by_file.setdefault(path, []).append((param, name))
+    low = low_precision(model)
     state = {}
     for path, items in by_file.items():
         with safe_open(str(path), framework="pt", device="cpu") as f:
             for param, name in items:
-                state[param] = f.get_tensor(name).to(DTYPES[dtype])
+                state[param] = f.get_tensor(name).to(DTYPES[dtype] if param in low else torch.float32)
     tie = cfg.tie_word_embeddings and "text" in model.parts
     if tie:
         state["text.lm_head.weight"] = state["text.embed_tokens.weight"]
