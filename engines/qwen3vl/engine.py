@@ -56,11 +56,15 @@ def clip_frame_count(frames: int) -> int:
 
 
 def frame_budget_factor(frames: int, temporal_patch_size: int) -> int:
-    """What a per-frame budget is multiplied by to become the clip's, which transformers'
-    ``Qwen3VLVideoProcessor`` compares with the area of all the clip's frames: its frame count
-    rounded (half to even) to whole pairs, so that a frame of the clip gets the per-frame budget."""
+    """What a per-frame budget is multiplied by to become the clip's.
+
+    transformers' ``Qwen3VLVideoProcessor`` tests the clip's area with the frame count rounded
+    (half to even) to whole pairs but rescales by the count itself, so for an odd count the two
+    differ (``video_frames.video_smart_resize``). The smaller of the two keeps every frame within
+    the per-frame maximum; a frame may then stay up to a quarter under the minimum (3 frames) or
+    be scaled to 0.8 of it (5 frames): the processor's own rounding, kept so the pixels stay its."""
     n = clip_frame_count(frames)
-    return round(n / temporal_patch_size) * temporal_patch_size
+    return min(n, round(n / temporal_patch_size) * temporal_patch_size)
 
 
 def processor_config(model_dir: Path, options: DecodingOptions, frames: int | None = None):

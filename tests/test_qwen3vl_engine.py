@@ -1,0 +1,250 @@
+"""The qwen3-vl engine through ffai's front door: registered beside smolvlm, `ffai caption` on a
+window (as video) and a still equal to transformers' answer on the same input presented the same
+way, the pixel budgets, and every bad input refused in one line before weights load.
+
+The checkpoint is the tiny random-weight one ``ffai_qwen3vl.bench.checkpoints`` writes with
+transformers (cached); the real 2B shapes are measured by hand (docs/benchmarks.md)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from ffai import registry
+from ffai.cli import run
+from ffai.engine import DecodingOptions
+from ffai.errors import ModelError, UsageError
+from ffai_qwen3vl.bench.checkpoints import cached_checkpoint, reference_model, reference_processor
+from ffai_qwen3vl.bench.reference import reference_inputs
+from ffai_qwen3vl.engine import ENGINE, frame_budget_factor, processor_config
+from ffai_qwen3vl.preprocess import PREPROCESSOR_FILE
+from ffai_qwen3vl.video_frames import video_grid
+
+ROOT = Path(__file__).resolve().parent.parent
+DEMO_CLIP = ROOT / "models" / "demo_clip.mp4"  # 12 s, 128x96
+SMALL_FILES = (
+    "config.json",
+    "generation_config.json",
+    PREPROCESSOR_FILE,
+    "video_preprocessor_config.json",
+    "chat_template.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+)
+TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def tiny() -> Path:
+    return cached_checkpoint("tiny")
+
+
+@pytest.fixture(scope="module")
+def still(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("media") / "still.png"
+    Image.effect_mandelbrot((211, 137), (-2, -1.2, 1, 1.2), 60).convert("RGB").save(path)
+    return path
+
+
+def caption(capsys, *args: str) -> tuple[int, str, str]:
+    code = run(["caption", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def one_error_line(err: str, *fragments: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ffai: error:") and "Traceback" not in err, err
+    for fragment in fragments:
+        assert fragment in lines[0], err
+    return lines[0]
+
+
+def reference_answer(model_dir: Path, images, times, span, options: DecodingOptions) -> str:
+    """transformers' greedy answer to what ffai asks, as the bench's reference arm asks it."""
+    import torch
+
+    processor = reference_processor(model_dir)
+    inputs = reference_inputs(processor, model_dir, images, times, span, options)
+    with torch.inference_mode():
+        out = reference_model(model_dir).generate(**inputs, max_new_tokens=options.max_new_tokens, do_sample=False)
+    return processor.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
+
+
+def test_engines_lists_both(capsys):
+    assert run(["engines", "--json"]) == 0
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    assert {"smolvlm", "qwen3-vl"} <= set(rows)
+    assert rows["qwen3-vl"]["status"] == "experimental"
+    assert rows["qwen3-vl"]["default_model"] == "qwen3-vl-2b-instruct"
+
+
+def test_a_manifest_picks_its_engine_and_refuses_another():
+    assert registry.engine_for_model(None, "qwen3-vl-4b-instruct").info.name == "qwen3-vl"
+    assert registry.engine_for_model(None, "smolvlm-demo").info.name == "smolvlm"
+    with pytest.raises(ModelError, match=r"qwen3-vl-2b-instruct\.toml: .*--engine qwen3-vl"):
+        registry.engine_for_model("smolvlm", "qwen3-vl-2b-instruct")
+
+
+@pytest.mark.oracle
+def test_window_as_video_equals_reference(capsys, tmp_path, tiny):
+    """One 8-frame window at 2 fps, its frames held to a budget below their size: the track's
+    text is transformers' answer on the same frames, times and budget."""
+    from ffai import media
+
+    out = tmp_path / "out.json"
+    flags = ["--fps", "2", "--window", "8", "-t", "4", "--max-new-tokens", str(TOKENS), "--frame-max-pixels", "6000"]
+    code, _, err = caption(
+        capsys, "--engine", "qwen3-vl", "--model", str(tiny), "-i", str(DEMO_CLIP), *flags, "-o", str(out)
+    )
+    assert code == 0, err
+    (cue,) = json.loads(out.read_text(encoding="utf-8"))["cues"]
+    frames = list(media.Decoder(isolated=False).sample_frames(DEMO_CLIP, 2.0, duration=4.0))
+    assert [f.time for f in frames] == cue["frame_times"]
+    options = DecodingOptions(max_new_tokens=TOKENS, frame_max_pixels=6000)
+    expected = reference_answer(
+        tiny, [f.image for f in frames], cue["frame_times"], (cue["start"], cue["end"]), options
+    )
+    assert cue["text"] == expected.strip() and cue["text"]
+
+
+@pytest.mark.oracle
+def test_still_equals_reference(capsys, tiny, still):
+    code, out, err = caption(
+        capsys, "--model", str(tiny), "--engine", "qwen3-vl", "-i", str(still), "--max-new-tokens", str(TOKENS),
+        "--min-pixels", "4096", "--max-pixels", "20000",
+    )  # fmt: skip
+    assert code == 0, err
+    options = DecodingOptions(max_new_tokens=TOKENS, min_pixels=4096, max_pixels=20000)
+    with Image.open(still) as image:
+        expected = reference_answer(tiny, [image.convert("RGB")], None, None, options)
+    assert out.strip() == expected.strip() and expected.strip()
+
+
+@pytest.mark.parametrize("frames", [1, 2, 3, 5, 8])
+def test_a_frame_budget_bounds_each_frame(tiny, frames):
+    """The frame budgets are each frame's, whatever the window's frame count: a large frame
+    shrinks to at most --frame-max-pixels, a small one grows to about --frame-min-pixels (within
+    the processor's rounding of odd counts: ``frame_budget_factor``)."""
+    options = DecodingOptions(frame_min_pixels=10_000, frame_max_pixels=50_000)
+    cfg = processor_config(tiny, options, frames)
+    scale = frame_budget_factor(frames, cfg.temporal_patch_size)
+    assert (cfg.video.min_pixels, cfg.video.max_pixels) == (10_000 * scale, 50_000 * scale)
+    area = {}
+    for height, width in ((1080, 1920), (45, 80)):
+        _, rows, cols = video_grid(frames, height, width, cfg)
+        area[height] = rows * cols * cfg.patch_size**2
+    assert 25_000 <= area[1080] <= 50_000 and 7_500 <= area[45] <= 20_000, area
+
+
+def edited_copy(tmp_path: Path, tiny: Path, edit=None, name: str = "config.json") -> Path:
+    """The tiny checkpoint's folder again (its weights linked), with one small file edited."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    for f in SMALL_FILES:
+        shutil.copy(tiny / f, folder / f)
+    (folder / "model.safetensors").symlink_to(tiny / "model.safetensors")
+    if edit is not None:
+        data = json.loads((folder / name).read_text(encoding="utf-8"))
+        edit(data)
+        (folder / name).write_text(json.dumps(data), encoding="utf-8")
+    return folder
+
+
+def drop_video_pad(tokenizer: dict) -> None:
+    tokenizer["added_tokens"] = [t for t in tokenizer["added_tokens"] if t["content"] != "<|video_pad|>"]
+    tokenizer["model"]["vocab"].pop("<|video_pad|>", None)
+
+
+def shrink_context(config: dict) -> None:
+    config["text_config"]["max_position_embeddings"] = 300
+
+
+def index_of_missing_shard(tmp_path: Path, tiny: Path) -> Path:
+    from safetensors import safe_open
+
+    folder = edited_copy(tmp_path, tiny)
+    (folder / "model.safetensors").unlink()
+    with safe_open(str(tiny / "model.safetensors"), framework="pt") as f:
+        names = list(f.keys())
+    weight_map = {n: "model-00001-of-00002.safetensors" for n in names[:-1]}
+    weight_map[names[-1]] = "model-00002-of-00002.safetensors"
+    (folder / "model-00001-of-00002.safetensors").symlink_to(tiny / "model.safetensors")
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}), encoding="utf-8")
+    return folder
+
+
+@pytest.mark.parametrize(
+    "case, code, fragments",
+    [
+        ("missing shard", 1, ["model-00002-of-00002.safetensors: shard missing"]),
+        ("no weights", 1, ["no model.safetensors and no model.safetensors.index.json"]),
+        ("tokenizer without video pad", 1, ["tokenizer.json: missing token <|video_pad|>"]),
+        ("smolvlm folder", 1, ["config.json: ", "model_type 'idefics3'"]),
+        ("window too long", 2, ["--window 8:", "context of 300 tokens", "--frame-max-pixels"]),
+        ("window as images", 2, ["--window-as images: the qwen3-vl engine shows a window as one video"]),
+        ("still budget upside down", 2, ["--min-pixels/--max-pixels", PREPROCESSOR_FILE]),
+    ],
+)
+def test_bad_input_is_one_line_before_weights_load(capsys, tmp_path, tiny, case, code, fragments):
+    flags: list[str] = []
+    if case == "missing shard":
+        model = index_of_missing_shard(tmp_path, tiny)
+    elif case == "no weights":
+        model = edited_copy(tmp_path, tiny)
+        (model / "model.safetensors").unlink()
+    elif case == "tokenizer without video pad":
+        model = edited_copy(tmp_path, tiny, drop_video_pad, "tokenizer.json")
+    elif case == "smolvlm folder":
+        model = ROOT / "models" / "smolvlm-demo"
+    elif case == "window too long":
+        model = edited_copy(tmp_path, tiny, shrink_context)
+    elif case == "window as images":
+        model, flags = tiny, ["--window-as", "images"]
+    else:
+        model, flags = tiny, ["--max-pixels", "1000"]  # under the checkpoint's minimum for a still
+    out = tmp_path / "out.srt"
+    args = ["--engine", "qwen3-vl", "--model", str(model), "-i", str(DEMO_CLIP), *flags, "-o", str(out)]
+    got, _, err = caption(capsys, *args)
+    assert got == code, err
+    one_error_line(err, *fragments)
+    assert not out.exists()
+
+
+def test_smolvlm_refuses_a_pixel_budget(capsys, tmp_path):
+    code, _, err = caption(
+        capsys, "--model", str(ROOT / "models" / "smolvlm-demo"), "-i", str(DEMO_CLIP), "--max-pixels", "90000",
+        "-o", str(tmp_path / "out.srt"),
+    )  # fmt: skip
+    assert code == 2
+    one_error_line(err, "--max-pixels: the smolvlm engine takes no pixel budget", "longest edge")
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"max_pixels": 0}, "--max-pixels must be at least 1"),
+        ({"frame_min_pixels": 9, "frame_max_pixels": 8}, "--frame-min-pixels 9 is more than --frame-max-pixels 8"),
+    ],
+)
+def test_pixel_budgets_are_validated_once(kwargs, message):
+    with pytest.raises(UsageError, match=message):
+        DecodingOptions(**kwargs)
+
+
+def test_int8_is_refused_in_one_line(capsys, tmp_path, tiny, still):
+    out = tmp_path / "out.txt"
+    code, _, err = caption(
+        capsys, "--engine", "qwen3-vl", "--model", str(tiny), "-i", str(still), "--dtype", "int8", "-o", str(out)
+    )
+    assert code == 1
+    one_error_line(err, "int8")
+    assert not out.exists()
+
+
+def test_check_window_passes_a_whole_checkpoint(tiny):
+    ENGINE.check_window(tiny, 8, DecodingOptions(frame_max_pixels=100_000))
