@@ -99,6 +99,7 @@ STILLS = [
     (640, 360, "RGB", None, None),
     (1000, 1001, "RGB", None, None),
     (45, 1400, "RGB", None, None),  # tall, 31:1
+    (400, 2, "RGB", None, None),  # at the 200:1 limit, its short side rounded to nothing first
     (301, 97, "RGBA", None, None),  # transparency composited onto white
     (123, 77, "L", None, None),
     (200, 150, "RGB", 300 * 300, None),  # hits a raised minimum
