@@ -23,7 +23,6 @@ another process; ``pixel_values`` makes the float patches the model takes.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -31,6 +30,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from ffai.errors import MediaError, ModelError, UsageError
 from ffai.media import MAX_SIDE
+
+from .config import read_json_object
 
 if TYPE_CHECKING:  # pragma: no cover - typing only; torch and PIL load lazily
     import torch
@@ -276,19 +277,6 @@ def _scaled_mean_std(cfg: ProcessorConfig) -> tuple[torch.Tensor, torch.Tensor]:
         torch.tensor(cfg.image_mean) * (1.0 / cfg.rescale_factor),
         torch.tensor(cfg.image_std) * (1.0 / cfg.rescale_factor),
     )
-
-
-def read_json_object(path: Path, what: str) -> dict[str, Any]:
-    """The JSON object in ``path`` (holding the checkpoint's ``what``), or a one-line ModelError naming it."""
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError as e:
-        raise ModelError(f"{path}: no {Path(path).name} in the model folder") from e
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ModelError(f"{path}: cannot read {what}: {e}") from e
-    if not isinstance(data, dict):
-        raise ModelError(f"{path}: {what} must be a JSON object")
-    return data
 
 
 _MISSING = object()

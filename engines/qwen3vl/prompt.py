@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ffai.errors import ModelError, UsageError
 
-from .preprocess import ProcessorConfig, read_json_object
+from .config import read_json_object
+from .preprocess import ProcessorConfig
 from .video_frames import pair_times, video_grid, widest_video_tokens
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
