@@ -104,7 +104,7 @@ def test_version():
         (["-y", "-n"], "-y"),
         (["--placement", "gpu"], "--placement must be one of auto, inline, workers"),
         (["--max-frames", "-3"], "--max-frames must be at least 1"),
-        (["--engine", "nope"], "no engine named 'nope' (available: smolvlm"),
+        (["--engine", "nope"], "no engine named 'nope' (available: qwen3-vl, smolvlm)"),
         (["--fps", "abc"], "--fps"),
         (["--bogus"], "--bogus"),
     ],
