@@ -10,6 +10,7 @@ the loader's one-line refusals, shards, parts, the cache, stopping and sampling.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import numpy as np
@@ -325,3 +326,84 @@ def test_bfloat16_agrees_with_float32(tiny, reference, ours):
     assert min(agreement) >= COSINE_MIN["bfloat16"]
     size = {n: sum(p.numel() * p.element_size() for p in m.parameters()) for n, m in (("f", ours), ("h", half))}
     assert size["h"] < 0.55 * size["f"]
+
+
+# --- the real 2B shapes (random weights, ~8.5 GB float32): by hand, FFAI_QWEN3VL_2B=1 ----------
+
+REAL_2B = os.environ.get("FFAI_QWEN3VL_2B") == "1"
+
+
+def _real_inputs(processor, case: str) -> dict:
+    rng = np.random.default_rng(7)
+    if case == "still":
+        image = Image.fromarray(rng.integers(0, 256, (480, 640, 3), dtype=np.uint8))
+        return processor(text=[_prompt(processor, ["image"])], images=[image], return_tensors="pt")
+    from transformers.video_utils import VideoMetadata
+
+    pixels = rng.integers(0, 256, (8, 240, 320, 3), dtype=np.uint8)
+    meta = VideoMetadata(total_num_frames=8, fps=2.0, frames_indices=list(range(8)), duration=4.0)
+    return processor(
+        text=[_prompt(processor, ["video"])],
+        videos=[pixels],
+        video_metadata=[meta],
+        do_sample_frames=False,
+        return_tensors="pt",
+    )
+
+
+@pytest.mark.real
+@pytest.mark.skipif(not REAL_2B, reason="the 2B shapes take ~8.5 GB and minutes: set FFAI_QWEN3VL_2B=1")
+def test_real_2b_shapes_bit_equal():
+    """A 640x480 still and an 8-frame 320x240 window at Qwen3-VL-2B's shapes: vision + DeepStack and
+    prefill logits bit-equal, 32 greedy tokens identical. One model in memory at a time (ours, then
+    transformers'); each arm's seconds are printed (-s)."""
+    import gc
+    import time
+
+    path = cached_checkpoint("2b")
+    processor = reference_processor(path)
+    cases = {case: _real_inputs(processor, case) for case in ("still", "video8")}
+    options = DecodingOptions(max_new_tokens=N_TOKENS, force_new_tokens=True)
+    got, want, seconds = {}, {}, {}
+    start = time.perf_counter()
+    model = load_model(path)
+    seconds["ours load"] = time.perf_counter() - start
+    for case, inputs in cases.items():
+        start = time.perf_counter()
+        images, videos = encode_all(model, inputs)
+        ids, positions, _, (x, deepstack) = G.prompt_state(model, inputs["input_ids"], images, videos)
+        logits = G.prefill(model, x, positions, model.text.new_cache(1, ids.shape[1]), deepstack)
+        seconds[f"ours {case} features+prefill"] = time.perf_counter() - start
+        start = time.perf_counter()
+        tokens = G.generate(model, inputs["input_ids"], images, videos, options, STOP_IDS)
+        seconds[f"ours {case} generate"] = time.perf_counter() - start
+        visual = images or videos
+        got[case] = (visual.embeds, visual.deepstack, logits, tokens)
+    del model, images, videos, x, deepstack, visual
+    gc.collect()
+    start = time.perf_counter()
+    ref = reference_model(path)
+    seconds["reference load"] = time.perf_counter() - start
+    for case, inputs in cases.items():
+        key = "pixel_values" if case == "still" else "pixel_values_videos"
+        grid = inputs["image_grid_thw" if case == "still" else "video_grid_thw"]
+        start = time.perf_counter()
+        with torch.no_grad():
+            visual = ref.model.visual(inputs[key], grid_thw=grid, return_dict=True)
+            logits = ref(**inputs, logits_to_keep=1).logits[:, -1]
+        seconds[f"reference {case} features+prefill"] = time.perf_counter() - start
+        start = time.perf_counter()
+        with torch.no_grad():
+            out = ref.generate(**inputs, do_sample=False, max_new_tokens=N_TOKENS, min_new_tokens=N_TOKENS)
+        seconds[f"reference {case} generate"] = time.perf_counter() - start
+        tokens = out[0, inputs["input_ids"].shape[1] :].tolist()
+        want[case] = (visual.pooler_output, tuple(visual.deepstack_features), logits, tokens)
+    reference_model.cache_clear()
+    print({k: round(v, 1) for k, v in seconds.items()})
+    for case in cases:
+        (embeds, deepstack, logits, tokens), (r_embeds, r_deepstack, r_logits, r_tokens) = got[case], want[case]
+        print(case, "prompt tokens", cases[case]["input_ids"].shape[1], "visual tokens", embeds.shape[0])
+        assert torch.equal(embeds, r_embeds), case
+        assert len(deepstack) == 3 and all(torch.equal(a, b) for a, b in zip(deepstack, r_deepstack)), case
+        assert torch.equal(logits, r_logits), case
+        assert tokens == r_tokens, case
