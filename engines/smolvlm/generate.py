@@ -38,6 +38,9 @@ def prefill(model: Idefics3, x: torch.Tensor, cache: KVCache) -> torch.Tensor:
 def decode_one_token(model: Idefics3, token: torch.Tensor, pos: torch.Tensor, cache: KVCache) -> torch.Tensor:
     """(B,) token ids at position ``pos`` (a (1,) tensor) -> (B, vocab) logits for the token after."""
     x = model.text.embed_tokens(token[:, None])  # (B, 1, D)
+    compiled = model.text.compiled_decode  # int8's compiled step (compiled_decode.py), where asked for
+    if compiled is not None and (logits := compiled(x, pos, cache)) is not None:
+        return logits
     return model.text(x, pos, cache)[:, -1]
 
 

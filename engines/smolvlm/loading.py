@@ -12,11 +12,15 @@ from ffai.engine import RuntimeOptions
 
 
 def load_weights(model_dir: Path, runtime: RuntimeOptions, parts: tuple[str, ...]):
+    from ffai_smolvlm import compiled_decode
     from ffai_smolvlm.precision import plan_precision
-    from ffai_smolvlm.weights import load_model
+    from ffai_smolvlm.weights import load_model, weight_files
 
     # Thread counts are the pipeline's (ffai.host.set_threads), set per process before
     # any stage is built.
     plan = plan_precision(runtime.dtype, runtime.device)
     with host.heap_for_loading() if plan.staged else nullcontext():
-        return load_model(model_dir, plan, parts=parts)
+        model = load_model(model_dir, plan, parts=parts)
+    if model.text is not None and compiled_decode.enabled(plan.dtype):
+        compiled_decode.attach(model.text, weight_files(model_dir), plan.dtype)
+    return model

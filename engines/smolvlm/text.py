@@ -219,6 +219,7 @@ class TextModel(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
         self.rope: RopeTable | None = None  # built on first use (the weights decide dtype and device)
         self.cache: KVCache | None = None  # allocated by the first reserve_cache
+        self.compiled_decode = None  # compiled_decode.CompiledDecode where the runtime asks for it
 
     def forward(
         self, x: torch.Tensor, pos: torch.Tensor, cache: KVCache | None = None, *, last_only: bool = False
