@@ -48,7 +48,7 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Callable, Optional
 
@@ -144,8 +144,10 @@ def run_bench(options: BenchOptions, log: Callable[[str], None] = lambda message
     from ffai.bench.hooks import hooks_for
     from ffai.captioning import available_cores
 
-    hooks_for(options.engine).check_reference()
-    engine = options.engine or registry.DEFAULT_ENGINE
+    # A model named by its manifest is benched on the manifest's engine, as ffai caption runs it.
+    engine = registry.engine_for_model(options.engine, options.model).info.name
+    options = replace(options, engine=engine)
+    hooks_for(engine).check_reference()
     model_dir = models.resolve(options.model) if options.model else checkpoints.default_checkpoint(engine, log)
     corpus = "demo" if options.quality_corpus is None and inputs.is_demo_model(model_dir) else options.quality_corpus
     cores = options.cores or available_cores()
