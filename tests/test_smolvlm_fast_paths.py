@@ -50,9 +50,10 @@ def test_loading_reads_each_fused_group_into_one_buffer_not_through_the_file_map
 
 def test_a_fusion_group_in_a_bfloat16_load_is_cast_on_read(model, tiny_checkpoint):
     low = load_model(tiny_checkpoint, plan_precision("bfloat16"))
-    qkv = low.text.layers[0].self_attn.qkv  # packed for oneDNN where the CPU has native bfloat16
+    # the vision tower's: bfloat16 keeps the text tower's first four layers in float32
+    qkv = low.vision.layers[0].self_attn.qkv  # packed for oneDNN where the CPU has native bfloat16
     a = qkv.dense_weight() if isinstance(qkv, PackedBf16Linear) else qkv.weight
-    b = model.text.layers[0].self_attn.qkv.weight
+    b = model.vision.layers[0].self_attn.qkv.weight
     assert a.dtype == torch.bfloat16 and a.untyped_storage().nbytes() == a.numel() * a.element_size()
     assert torch.equal(a, b.to(torch.bfloat16))
 

@@ -35,6 +35,7 @@ from ffai_smolvlm.opt_in_linears import (
 from ffai_smolvlm.precision import (
     ATTENTION_BLOCK,
     BF16_ONEDNN,
+    FLOAT32,
     INT8,
     INT8_BY_ROW,
     INT8_ONEDNN,
@@ -52,10 +53,16 @@ LINEARS = (
     "text.lm_head",
     "text.layers.3.mlp.down_proj",
     "text.layers.0.mlp.gate_up",
+    "text.layers.3.self_attn.o_proj",
+    "text.layers.4.mlp.gate_up",
     "connector.modality_projection.proj",
     "vision.layers.0.self_attn.qkv",
+    "vision.layers.4.self_attn.qkv",
     "vision.layers.11.mlp.fc2",
 )
+# The first four layers of each tower, which int8 keeps wider (kernels.WIDE_LAYERS).
+WIDE = {"text.layers.3.mlp.down_proj", "text.layers.0.mlp.gate_up", "text.layers.3.self_attn.o_proj"}
+WIDE |= {"vision.layers.0.self_attn.qkv"}
 
 
 def test_the_float32_plan_is_the_exact_path():
@@ -68,27 +75,39 @@ def test_the_float32_plan_is_the_exact_path():
 
 @pytest.mark.parametrize("native", [True, False])
 def test_the_int8_plan_by_cpu(monkeypatch, native):
-    """Every linear int8. The vision tower's activations int8 by tile, on oneDNN where the CPU
-    has AMX-INT8, on fbgemm elsewhere; with native bfloat16 the connector and the text tower
-    (LM head aside) keep their activations unquantised, without it only the down projections
-    and the connector take rows by themselves. 8-bit activations only where the int8 dot
-    product sums into 32 bits; the table left in its file."""
+    """Every linear int8 but the first four layers of each tower, held in bfloat16 where the CPU
+    multiplies it natively (torch and the flags both say so), else in float32. The vision
+    tower's activations int8 by tile, on oneDNN where the CPU has AMX-INT8, on fbgemm elsewhere;
+    with native bfloat16 the connector and the text tower (LM head aside) keep their activations
+    unquantised, without it only the down projections and the connector take rows by
+    themselves. 8-bit activations only where the int8 dot product sums into 32 bits; the table
+    left in its file."""
     monkeypatch.setattr(precision, "onednn_bf16", lambda device="cpu": native)
     reduce_range = {EPYC_ZEN4: False, SAPPHIRE_RAPIDS: False, AVX2_ONLY: True, GRAVITON3: True, SSE_ONLY: True}
     for text, reduced in reduce_range.items():
-        plan = plan_precision("int8", "auto", host.parse_cpuinfo(text))
+        cpu = host.parse_cpuinfo(text)
+        bf16 = native and kernels.native_bf16_flags(cpu.flags)
+        plan = plan_precision("int8", "auto", cpu)
         assert plan.device == "cpu" and plan.weights == torch.float32 and plan.float32_parts == ()
         kinds = {name: plan.linear(name) for name in LINEARS}
         vision = INT8_ONEDNN if text == SAPPHIRE_RAPIDS else INT8
         by_row = {"text.layers.3.mlp.down_proj", "connector.modality_projection.proj"}
-        if native:
-            by_row |= {"text.layers.0.mlp.gate_up"}
+        if bf16:
+            by_row |= {"text.layers.4.mlp.gate_up"}
+        wide = BF16_ONEDNN if bf16 else FLOAT32
         expected = {
-            name: vision if name.startswith("vision.") else INT8_BY_ROW if name in by_row else INT8 for name in LINEARS
+            name: wide
+            if name in WIDE
+            else vision
+            if name.startswith("vision.")
+            else INT8_BY_ROW
+            if name in by_row
+            else INT8
+            for name in LINEARS
         }
         assert kinds == expected, text
         assert plan.int8.reduce_range is reduced, text
-        assert plan.int8.rows_dtype == (torch.bfloat16 if native else torch.float32)
+        assert plan.int8.rows_dtype == (torch.bfloat16 if bf16 else torch.float32)
         assert plan.embeddings_in_file and plan.staged
 
 
@@ -101,9 +120,10 @@ def test_ffai_engines_reports_the_plans_kernels():
         flags = host.parse_cpuinfo(text).flags
         report = ENGINE.kernels(flags)
         int8 = report["dtypes"]["int8"]
-        native = kernels.native_bf16(flags)
-        assert [g["layers"] for g in int8][0] == "vision tower"
-        assert ("oneDNN" in int8[0]["kernel"]) is ("amx_int8" in flags), text
+        native = kernels.native_bf16_flags(flags)
+        assert [g["layers"] for g in int8][:2] == ["first 4 layers of each tower", "vision tower"]
+        assert ("bfloat16" in int8[0]["kernel"]) is native and "int8" not in int8[0]["kernel"].split(",")[0]
+        assert ("oneDNN" in int8[1]["kernel"]) is ("amx_int8" in flags), text
         assert all(
             ("7-bit" in g["kernel"]) is not bool(flags & kernels.INT8_FULL_RANGE_FLAGS)
             for g in int8
@@ -113,7 +133,9 @@ def test_ffai_engines_reports_the_plans_kernels():
         assert ("_weight_int8pack_mm" in by_row) is native and ("_int_mm" in by_row) is (
             not native and bool(flags & kernels.INT8_FULL_RANGE_FLAGS)
         ), text
-        assert ("AMX" in report["dtypes"]["bfloat16"][0]["kernel"]) is ("amx_bf16" in flags)
+        bf16 = report["dtypes"]["bfloat16"]
+        assert [g["layers"] for g in bf16] == ["first 4 text layers", "other linears"]
+        assert bf16[0]["kernel"].startswith("float32") and ("AMX" in bf16[1]["kernel"]) is ("amx_bf16" in flags)
     assert ENGINE.kernels(host.parse_cpuinfo(SAPPHIRE_RAPIDS).flags)["throughput_dtype"] == "int8"
     assert ENGINE.kernels(host.parse_cpuinfo(EPYC_ZEN4).flags)["throughput_dtype"] == "int8"
     assert ENGINE.kernels(host.parse_cpuinfo(AVX2_ONLY).flags)["throughput_dtype"] == "int8"
@@ -125,7 +147,11 @@ def test_the_bfloat16_plan_with_and_without_onednns_bfloat16(monkeypatch, native
     monkeypatch.setattr(precision, "onednn_bf16", lambda device="cpu": native)
     plan = plan_precision("bfloat16", "cpu", host.parse_cpuinfo(EPYC_ZEN4))
     assert plan.weights == torch.bfloat16 and plan.float32_parts == ("text",) and plan.int8 is None
-    assert {plan.linear(name) for name in LINEARS} == {BF16_ONEDNN if native else PLAIN}
+    # the text tower's first four layers in float32, the rest bfloat16 (packed where native)
+    wide = {name for name in WIDE if name.startswith("text.")}
+    assert {name: plan.linear(name) for name in LINEARS} == {
+        name: FLOAT32 if name in wide else BF16_ONEDNN if native else PLAIN for name in LINEARS
+    }
     # the head has its own bfloat16 copy only when packed: else it reads the (float32) table whole
     assert plan.embeddings_in_file is native and plan.staged
 
@@ -142,11 +168,13 @@ def test_the_opt_in_dtypes_attend_as_the_cpu_runs_fastest():
 
 
 def test_off_the_cpu_a_plan_is_torchs_own(monkeypatch):
-    """A GPU attends in the activations' own dtype and multiplies with torch's own kernels,
-    whatever the host CPU has; int8 runs on the CPU only."""
+    """A GPU attends in the activations' own dtype and multiplies with torch's own kernels
+    (bfloat16's first four text layers in float32 there too), whatever the host CPU has; int8
+    runs on the CPU only."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     plan = plan_precision("bfloat16", "auto", host.parse_cpuinfo(SAPPHIRE_RAPIDS))
-    assert plan.device == "cuda" and plan.attention == Attention() and plan.linears == ()
+    assert plan.device == "cuda" and plan.attention == Attention()
+    assert plan.linears == ((kernels.WIDE_TEXT_LAYERS, FLOAT32),)
     assert not plan.embeddings_in_file and plan.float32_parts == ("text",)
     assert plan_precision("int8", "auto").device == "cpu"
     with pytest.raises(UsageError, match="--dtype int8 runs on the CPU only"):
@@ -209,12 +237,20 @@ def test_int8_model_holds_no_float32_copy_of_a_quantised_weight(tiny_checkpoint,
     # Every linear layer of both towers, the connector and the LM head.
     assert "text.lm_head" in linears and "connector.modality_projection.proj" in linears
     assert any(n.endswith("self_attn.qkv") for n in linears) and any(n.endswith("mlp.fc1") for n in linears)
+    kinds = {name: int8_plan.linear(name) for name in linears}  # which ones: test_the_int8_plan_by_cpu
+    assert {INT8_BY_ROW, INT8} & set(kinds.values())  # the tiny towers' two layers are all wide: still some int8
     for name in linears:
         layer = int8_model.get_submodule(name)
-        row_scaled = int8_plan.linear(name) == INT8_BY_ROW  # which ones: test_the_int8_plan_by_cpu
-        assert isinstance(layer, RowScaledLinear if row_scaled else QuantizedLinear), name
-        assert not list(layer.parameters()) and not list(layer.buffers()), name
         reference = exact.get_submodule(name)
+        if kinds[name] == BF16_ONEDNN:  # a wide layer where bfloat16 is native: its weight in bfloat16 only
+            assert isinstance(layer, PackedBf16Linear) and not list(layer.parameters()), name
+            assert torch.equal(layer.dense_weight(), reference.weight.bfloat16()), name
+            continue
+        if kinds[name] == FLOAT32:  # a wide layer elsewhere: float32, as loaded
+            assert torch.equal(layer.weight, reference.weight), name
+            continue
+        assert isinstance(layer, RowScaledLinear if kinds[name] == INT8_BY_ROW else QuantizedLinear), name
+        assert not list(layer.parameters()) and not list(layer.buffers()), name
         int8, step, bias = _int8_weight(layer)
         assert int8.dtype == torch.int8 and int8.shape == reference.weight.shape
         assert layer.parts == getattr(reference, "parts", ())
@@ -222,17 +258,18 @@ def test_int8_model_holds_no_float32_copy_of_a_quantised_weight(tiny_checkpoint,
             assert torch.equal(bias, reference.bias)
         # the int8 weight is the float weight to within half a step of its row's scale
         assert ((int8 * step[:, None] - reference.weight).abs() <= step[:, None] / 2 + 1e-7).all(), name
-    quantised = {f"{name}.weight" for name in linears}
+    converted = [name for name in linears if kinds[name] != FLOAT32]
+    quantised = {f"{name}.weight" for name in converted}
     held = dict(int8_model.named_parameters())
     assert not quantised & set(held)
     assert all(p.dtype == torch.float32 for p in held.values())
-    # what stays float32: norms, the patch convolution and position table; the token embeddings
-    # stay in the file (FileEmbedding), read a prompt's rows at a time
+    # what stays float32: norms, the patch convolution and position table, wide layers without
+    # native bfloat16; the token embeddings stay in the file (FileEmbedding), read a prompt's rows at a time
     assert isinstance(int8_model.text.embed_tokens, FileEmbedding)
     table = {"text.embed_tokens.weight"}
-    assert set(held) == {n for n, _ in exact.named_parameters()} - quantised - {f"{n}.bias" for n in linears} - table
-    # and the float32 the int8 model holds is exactly those: the exact model's less every linear layer
-    linear_numel = sum(p.numel() for n in linears for p in exact.get_submodule(n).parameters())
+    assert set(held) == {n for n, _ in exact.named_parameters()} - quantised - {f"{n}.bias" for n in converted} - table
+    # and the float32 the int8 model holds is exactly those: the exact model's less every converted layer
+    linear_numel = sum(p.numel() for n in converted for p in exact.get_submodule(n).parameters())
     table_numel = exact.text.embed_tokens.weight.numel()
     assert (
         sum(p.numel() for p in held.values()) == sum(p.numel() for p in exact.parameters()) - linear_numel - table_numel
@@ -379,14 +416,19 @@ def test_agreement_with_float32_on_the_tiny_checkpoint(monkeypatch, tiny_checkpo
 
 
 def test_bfloat16_holds_matmul_weights_in_bfloat16_and_the_text_stream_in_float32(tiny_checkpoint):
-    model = load_model(tiny_checkpoint, plan_precision("bfloat16"))
+    plan = plan_precision("bfloat16")
+    model = load_model(tiny_checkpoint, plan)
     packed = onednn_bf16()
     linears = {n for n, m in model.named_modules() if isinstance(m, (torch.nn.Linear, PackedBf16Linear))}
-    assert {type(model.get_submodule(n)) is PackedBf16Linear for n in linears} == {packed}
+    # the tiny text tower's two layers are among the first four, which stay float32
+    float32 = {n for n in linears if plan.linear(n) == FLOAT32}
+    assert float32 == {n for n in linears if n.startswith("text.layers.")} and float32
+    assert {type(model.get_submodule(n)) is PackedBf16Linear for n in linears - float32} == {packed}
     assert {"text.lm_head", "text.layers.0.mlp.gate_up", "vision.layers.0.mlp.fc1"} <= linears
     for name, param in model.named_parameters():
-        # the vision tower wholly in bfloat16; the text tower's matmuls only
-        wide = name.startswith("text.") and name.rpartition(".")[0] not in linears
+        # the vision tower wholly in bfloat16; the text tower's matmuls only, but its first four layers'
+        layer = name.rpartition(".")[0]
+        wide = name.startswith("text.") and (layer not in linears or layer in float32)
         assert param.dtype == (torch.float32 if wide else torch.bfloat16), name
     assert "text.embed_tokens" not in linears
     assert model.text.reserve_cache(1, 10).dtype == torch.float32
@@ -548,3 +590,38 @@ def test_row_scaled_one_row_is_the_prefills_product_of_that_row():
     plain = RowScaledLinear(weight, bias, rows_dtype=torch.float32, int_mm=False)
     dequantised = plain.int8_weight.float() * plain.scale[:, None]
     assert torch.allclose(plain(rows[:1]), F.linear(rows[:1], dequantised, bias), rtol=1e-5, atol=1e-5)
+
+
+def test_v2_opt_in_dtypes_pass_the_agreement_gate_on_a_window_as_video(monkeypatch):
+    """SmolVLM2's opt-in dtypes on a window sent as a video hold the bench's agreement gate
+    (``gates.COSINE_MIN``: the cosine of the prefill logits with float32): int8 and bfloat16 as
+    planned for this CPU; int8 as planned for an AVX2-only one (7-bit activations, the wide
+    layers in float32); and int8 with no layer kept wide, since the tiny towers' two layers are
+    all among the first four: that way every layer is int8."""
+    from ffai.bench import checkpoints
+    from ffai.bench.agreement import cosine
+    from ffai.bench.gates import COSINE_MIN
+    from ffai_smolvlm.bench.probes import prefill_logits
+
+    v2_tiny = checkpoints.checkpoint("v2-tiny")
+    frames = tuple(_image(seed) for seed in (3, 4))
+    request = Request.frames(frames, (10.0, 11.0), DecodingOptions(), span=(10.0, 12.0))
+    exact = InlineEngine(ENGINE, v2_tiny, RuntimeOptions(dtype="float32", device="cpu"))
+    prepared = exact["preprocess"](request)  # the same for every dtype
+    assert prepared.input_ids.count(exact["text"].net.cfg.image_token_id) == 2 * 16  # two frames, not tiled
+    want = prefill_logits(exact, exact["vision"](prepared))
+    for dtype, cpu, wide in [
+        ("int8", None, True),
+        ("bfloat16", None, True),
+        ("int8", AVX2_ONLY, True),
+        ("int8", None, False),
+    ]:
+        with monkeypatch.context() as patch:
+            if cpu is not None:
+                patch.setattr(host, "cpu_info", lambda text=cpu: host.parse_cpuinfo(text))
+            if not wide:
+                patch.setattr(kernels, "WIDE_LAYERS", r"(?!)")  # matches no name
+            fast = InlineEngine(ENGINE, v2_tiny, RuntimeOptions(dtype=dtype, device="cpu"))
+        logits = prefill_logits(fast, fast["vision"](prepared))
+        assert not torch.equal(logits, want), dtype
+        assert cosine(logits, want) >= COSINE_MIN[dtype], (dtype, cpu, wide)

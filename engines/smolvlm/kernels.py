@@ -17,6 +17,7 @@ INT8 = "int8"  # QuantizedLinear on fbgemm: int8 weight, a call's activations qu
 INT8_ONEDNN = "int8 oneDNN"  # QuantizedLinear packed for oneDNN's kernel (AMX-INT8 tiles)
 INT8_BY_ROW = "int8 by row"  # RowScaledLinear: a plain int8 weight, no activation range shared by rows
 BF16_ONEDNN = "bfloat16 oneDNN"  # PackedBf16Linear: the weight reordered once for oneDNN's kernel
+FLOAT32 = "float32"  # layers.Linear in float32, whatever the plan's ``weights`` dtype
 
 # int8 dot products that sum u8 x s8 straight into 32 bits: activations may use all 8 bits.
 # Elsewhere (AVX2's vpmaddubsw saturates in 16 bits) they keep to 7.
@@ -25,12 +26,19 @@ INT8_FULL_RANGE_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
 NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 
 VISION = r"vision\."
+# The first four layers of each tower stay wider than int8 (bfloat16 weights where bfloat16 is
+# native, else float32): a weight's rounding there is carried and grown through every later
+# layer, and these eight layers held most of the prefill logits' loss (docs/precision-and-speed.md).
+WIDE_LAYERS = r"(vision|text)\.layers\.[0-3]\."
+# bfloat16 keeps the text tower's first four layers in float32, for the same reason.
+WIDE_TEXT_LAYERS = r"text\.layers\.[0-3]\."
 HEAD = r"text\.lm_head$"
 # Without native bfloat16, only these take int8 by row: the text MLP's down projection, whose
 # input (silu(gate) * up) spans far wider ranges from token to token than any other layer's,
 # and the connector, whose 12288 inputs lose the most to one shared range.
 INT8_BY_ROW_LAYERS = r"text\.layers\.\d+\.mlp\.down_proj$|connector\.modality_projection\.proj$"
 LABELS = {
+    WIDE_LAYERS: "first 4 layers of each tower",
     VISION: "vision tower",
     HEAD: "LM head",
     INT8_BY_ROW_LAYERS: "connector, text MLP down projections",
@@ -41,19 +49,27 @@ def int8_linears(flags: frozenset[str], bf16: bool) -> tuple[tuple[str, str], ..
     """int8's (module-name pattern, kind) on a CPU with ``flags`` (``bf16``: oneDNN multiplies
     bfloat16 natively), the first match winning.
 
-    The vision tower (a tile's 1024 rows a call, its activation range that tile's) runs on
+    The first four layers of each tower keep wider weights (``WIDE_LAYERS``). The rest of the vision tower (a tile's 1024 rows a call, its activation range that tile's) runs on
     oneDNN where it has AMX-INT8, on fbgemm elsewhere. With native bfloat16 the connector and
     the text tower keep their activations unquantised (int8 weights times bfloat16 rows): int8
     activations in the text tower cost the prefill logits more than everything else together,
     and one shared range was not the cause (docs/precision-and-speed.md). The LM head stays on
     fbgemm, the fastest for one row of 49k outputs and the least sensitive layer."""
     tile = INT8_ONEDNN if "amx_int8" in flags else INT8
+    wide = (WIDE_LAYERS, BF16_ONEDNN if bf16 else FLOAT32)
     if bf16:
-        return ((VISION, tile), (HEAD, INT8), (r".", INT8_BY_ROW))
-    return ((VISION, tile), (INT8_BY_ROW_LAYERS, INT8_BY_ROW), (r".", INT8))
+        return (wide, (VISION, tile), (HEAD, INT8), (r".", INT8_BY_ROW))
+    return (wide, (VISION, tile), (INT8_BY_ROW_LAYERS, INT8_BY_ROW), (r".", INT8))
 
 
-def native_bf16(flags: frozenset[str]) -> bool:
+def bfloat16_linears(bf16: bool) -> tuple[tuple[str, str], ...]:
+    """bfloat16's (module-name pattern, kind), the first match winning: the text tower's first
+    four layers in float32 (``WIDE_TEXT_LAYERS``), every other linear packed for oneDNN where it
+    multiplies bfloat16 natively (``bf16``), else a plain bfloat16 linear."""
+    return ((WIDE_TEXT_LAYERS, FLOAT32), (r".", BF16_ONEDNN)) if bf16 else ((WIDE_TEXT_LAYERS, FLOAT32),)
+
+
+def native_bf16_flags(flags: frozenset[str]) -> bool:
     return bool(flags & NATIVE_BF16_FLAGS)
 
 
@@ -66,6 +82,9 @@ class Kernel(NamedTuple):
 
 
 def _int8_kernel(kind: str, flags: frozenset[str], bf16: bool) -> tuple[str, str]:
+    if kind in (BF16_ONEDNN, FLOAT32):
+        weights = "bfloat16 on oneDNN" if kind == BF16_ONEDNN else "float32, torch's default"
+        return f"{weights}, not int8", "their rounding grows through every later layer: most of the logits' loss"
     bits = "8-bit" if flags & INT8_FULL_RANGE_FLAGS else "7-bit (16-bit sums saturate)"
     if kind == INT8_ONEDNN:
         return f"int8 x int8 on oneDNN, {bits} activations per call", "AMX-INT8 tiles: about 3x fbgemm on a tile"
@@ -89,21 +108,22 @@ def throughput_dtype(flags: frozenset[str]) -> str:
     + BF16), bfloat16 with native bfloat16 alone, else float32."""
     if flags & {"avx2", "avx512_vnni", "avx_vnni", "amx_int8"}:
         return "int8"
-    return "bfloat16" if native_bf16(flags) else "float32"
+    return "bfloat16" if native_bf16_flags(flags) else "float32"
 
 
 def report(flags: frozenset[str]) -> dict[str, list[dict[str, str]]]:
     """Each dtype's kernels on a CPU with ``flags``, as ``ffai engines`` prints them."""
-    bf16 = native_bf16(flags)
+    bf16 = native_bf16_flags(flags)
     rest = "connector, text tower" if bf16 else "other text linears"
     int8 = [Kernel(LABELS.get(p, rest), *_int8_kernel(k, flags, bf16)) for p, k in int8_linears(flags, bf16)]
     if bf16:
         amx = " (AMX)" if "amx_bf16" in flags else ""
-        bf = Kernel("every linear", f"bfloat16 on oneDNN{amx}, weight reordered once", "native bfloat16")
+        bf = Kernel("other linears", f"bfloat16 on oneDNN{amx}, weight reordered once", "native bfloat16")
     else:
-        bf = Kernel("every linear", "bfloat16, torch's default", "no native bfloat16: slower than float32 here")
+        bf = Kernel("other linears", "bfloat16, torch's default", "no native bfloat16: slower than float32 here")
+    wide = Kernel("first 4 text layers", "float32, torch's default", "the prefill logits' margin over the gate")
     return {
         "float32": [Kernel("every linear", "float32, torch's default", "the exact path")._asdict()],
         "int8": [k._asdict() for k in int8],
-        "bfloat16": [bf._asdict()],
+        "bfloat16": [wide._asdict(), bf._asdict()],
     }

@@ -22,9 +22,10 @@ from ffai.errors import UsageError
 
 # The kinds of layer (re-exported for the loader) and which int8 linear is which, on any CPU.
 from .kernels import BF16_ONEDNN as BF16_ONEDNN
+from .kernels import FLOAT32 as FLOAT32
 from .kernels import INT8 as INT8
 from .kernels import INT8_BY_ROW as INT8_BY_ROW
-from .kernels import INT8_FULL_RANGE_FLAGS, PLAIN, int8_linears
+from .kernels import INT8_FULL_RANGE_FLAGS, PLAIN, bfloat16_linears, int8_linears, native_bf16_flags
 from .kernels import INT8_ONEDNN as INT8_ONEDNN
 
 # Query rows per block where the vision tower attends by blocks (vision.blocked_attention).
@@ -71,15 +72,16 @@ class PrecisionPlan:
 def plan_precision(dtype: str, device: str = "cpu", cpu: host.CpuInfo | None = None) -> PrecisionPlan:
     """The plan for a load in ``dtype`` (float32, bfloat16, int8) on ``device`` (auto, cpu, cuda)
     on a machine with ``cpu`` (default: this one's, ``ffai.host.cpu_info``). Whether oneDNN
-    multiplies bfloat16 natively is asked of torch (:func:`onednn_bf16`).
+    multiplies bfloat16 natively is asked of torch (:func:`onednn_bf16`) and of ``cpu``'s flags.
 
     - float32: everything as the checkpoint has it; the exact path.
-    - bfloat16: every linear weight in bfloat16, the text tower's other parameters (embedding
-      table, RMSNorm weights) in float32, so its residual stream, norms and attention stay
-      float32: a bfloat16 stream rounded 30 layers' sums to 8 bits of mantissa, under the gate.
-      Where oneDNN has native bfloat16, each linear is reordered once for its kernel.
-    - int8: every linear's weight in int8 (CPU only), held as ``kernels.int8_linears`` says for
-      this CPU; the rest float32.
+    - bfloat16: every linear weight in bfloat16 but the text tower's first four layers' (float32,
+      ``kernels.bfloat16_linears``), the text tower's other parameters (embedding table, RMSNorm
+      weights) in float32, so its residual stream, norms and attention stay float32: a bfloat16
+      stream rounded 30 layers' sums to 8 bits of mantissa, under the gate. Where oneDNN has
+      native bfloat16, each bfloat16 linear is reordered once for its kernel.
+    - int8: every linear's weight in int8 (CPU only) but the first four layers of each tower
+      (bfloat16 or float32), held as ``kernels.int8_linears`` says for this CPU; the rest float32.
 
     In both opt-in dtypes on the CPU the vision tower attends as the CPU runs it fastest, and
     the embedding table stays in its file where the LM head has its own copy."""
@@ -88,7 +90,9 @@ def plan_precision(dtype: str, device: str = "cpu", cpu: host.CpuInfo | None = N
     cpu = host.cpu_info() if cpu is None else cpu
     device = _torch_device(device, dtype)
     on_cpu = torch.device(device).type == "cpu"
-    native_bf16 = onednn_bf16(device)
+    # Both torch and the flags must say so: on a real CPU they agree; a plan for another CPU's
+    # flags (tests, emulation) then gets that CPU's recipe.
+    native_bf16 = onednn_bf16(device) and native_bf16_flags(cpu.flags)
     int8 = None
     if dtype == "int8":
         linears = int8_linears(cpu.flags, native_bf16)
@@ -96,8 +100,8 @@ def plan_precision(dtype: str, device: str = "cpu", cpu: host.CpuInfo | None = N
             reduce_range=not cpu.flags & INT8_FULL_RANGE_FLAGS,
             rows_dtype=torch.bfloat16 if native_bf16 else torch.float32,
         )
-    elif dtype == "bfloat16" and native_bf16:
-        linears = ((r".", BF16_ONEDNN),)
+    elif dtype == "bfloat16":
+        linears = bfloat16_linears(native_bf16)
     else:
         linears = ()
     return PrecisionPlan(

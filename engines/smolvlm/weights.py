@@ -33,7 +33,7 @@ from .config import ModelConfig
 from .layers import FileEmbedding, FusedLinear
 from .model import PARTS, Idefics3
 from .opt_in_linears import PackedBf16Linear, QuantizedLinear, RowScaledLinear
-from .precision import BF16_ONEDNN, INT8, INT8_BY_ROW, INT8_ONEDNN, PLAIN, PrecisionPlan, plan_precision
+from .precision import BF16_ONEDNN, FLOAT32, INT8, INT8_BY_ROW, INT8_ONEDNN, PLAIN, PrecisionPlan, plan_precision
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -346,9 +346,14 @@ def opt_in_linear(plan: PrecisionPlan, name: str, weight: torch.Tensor, bias, pa
 def kept_in_float32(model: Idefics3, plan: PrecisionPlan) -> frozenset[str]:
     """The parameters ``plan`` keeps in float32 whatever ``plan.weights`` is: those of its
     ``float32_parts`` other than linear weights (``--dtype bfloat16``: the text tower's
-    embedding table and RMSNorm weights). The embedding table is mapped, not read, so keeping it
-    float32 costs only the rows a prompt looks up."""
-    kept = set()
+    embedding table and RMSNorm weights), and the linears it holds as ``FLOAT32``. The embedding
+    table is mapped, not read, so keeping it float32 costs only the rows a prompt looks up."""
+    kept = {
+        f"{name}.{p}"
+        for name, m in model.named_modules()
+        if isinstance(m, nn.Linear) and plan.linear(name) == FLOAT32
+        for p, _ in m.named_parameters()
+    }
     for part in plan.float32_parts:
         tower = getattr(model, part)
         if tower is None:
@@ -407,7 +412,9 @@ def load_model(model_dir: Path | str, plan: PrecisionPlan | None = None, *, part
     linears = {
         name: m
         for name, m in model.named_modules()
-        if isinstance(m, nn.Linear) and plan.linear(name) != PLAIN and not (tie and name == "text.lm_head")
+        if isinstance(m, nn.Linear)
+        and plan.linear(name) not in (PLAIN, FLOAT32)
+        and not (tie and name == "text.lm_head")
     }
     reader = _Reader(
         slots(full),
