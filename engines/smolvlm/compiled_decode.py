@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from ffai import host, messages
 from ffai.models import ffai_home
@@ -83,6 +84,31 @@ def cache_dir(weights: list[Path], dtype: str) -> Path:
     return ffai_home() / "compiled" / f"smolvlm-decode-{dtype}-{key}"
 
 
+class LayerSpan(nn.Module):
+    """Consecutive layers, each as :func:`layer_step`; ``ks``/``vs`` are their caches."""
+
+    def __init__(self, layers) -> None:
+        super().__init__()
+        self.layers = layers
+
+    def forward(self, x, pos, cos, sin, ks: list[torch.Tensor], vs: list[torch.Tensor]) -> torch.Tensor:
+        for layer, k, v in zip(self.layers, ks, vs):
+            x = layer_step(layer, x, pos, cos, sin, k, v)
+        return x
+
+
+def runs(layers) -> list[tuple[int, int, bool]]:
+    """(start, end, compilable) for each run of consecutive layers alike in :func:`compilable`."""
+    spans: list[tuple[int, int, bool]] = []
+    for i, layer in enumerate(layers):
+        traces = compilable(layer)
+        if spans and spans[-1][2] == traces:
+            spans[-1] = (spans[-1][0], i + 1, traces)
+        else:
+            spans.append((i, i + 1, traces))
+    return spans
+
+
 class CompiledDecode:
     """int8's decode step for one text tower: :func:`layer_step` compiled for the layers that
     trace (:func:`compilable`), the others running it uncompiled, the code kept in ``folder``.
@@ -91,7 +117,7 @@ class CompiledDecode:
 
     def __init__(self, text: TextModel, folder: Path, dtype: str) -> None:
         self.text, self.folder, self.dtype = text, folder, dtype
-        self.steps: list | None = None  # per layer: the compiled layer_step or the plain one
+        self.steps: list | None = None  # (start, end, LayerSpan compiled or not) by runs of layers
         self.failed = False
         self.marked: set[int] = set()  # ids of the caches whose length is marked dynamic
 
@@ -118,8 +144,8 @@ class CompiledDecode:
             for t in (*cache.k, *cache.v):
                 torch._dynamo.mark_dynamic(t, 2)
             self.marked.add(id(cache))
-        for layer, step, k, v in zip(self.text.layers, self.steps, cache.k, cache.v):
-            x = step(layer, x, pos, cos, sin, k, v)
+        for start, end, step in self.steps:
+            x = step(x, pos, cos, sin, cache.k[start:end], cache.v[start:end])
         return self.text.lm_head.forward(self.text.norm.forward(x))[:, -1]
 
     def _prepare(self) -> bool:
@@ -138,8 +164,10 @@ class CompiledDecode:
         # Inductor reads its cache folder from the environment at each use; this process is the
         # text tower's, and nothing else in it compiles.
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(self.folder / "inductor")
-        compiled = torch.compile(layer_step, fullgraph=True, dynamic=False)
-        self.steps = [compiled if compilable(layer) else layer_step for layer in self.text.layers]
+        self.steps = []
+        for start, end, traces in runs(self.text.layers):
+            span = LayerSpan(self.text.layers[start:end])
+            self.steps.append((start, end, torch.compile(span, fullgraph=True, dynamic=False) if traces else span))
         return True
 
     def _fail(self, why: str) -> None:
