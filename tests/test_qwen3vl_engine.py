@@ -8,6 +8,7 @@ transformers (cached); the real 2B shapes are measured by hand (docs/benchmarks.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -81,6 +82,13 @@ def test_engines_lists_both(capsys):
     assert {"smolvlm", "qwen3-vl"} <= set(rows)
     assert rows["qwen3-vl"]["status"] == "experimental"
     assert rows["qwen3-vl"]["default_model"] == "qwen3-vl-2b-instruct"
+
+
+def test_models_list_says_decoding_is_greedy(capsys):
+    assert run(["models", "list"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "qwen3-vl-2b-instruct" in out and "qwen3-vl-4b-instruct" in out
+    assert "decodes greedily by default, even where its generation_config.json asks for sampling" in out
 
 
 def test_a_manifest_picks_its_engine_and_refuses_another():
@@ -248,3 +256,37 @@ def test_int8_is_refused_in_one_line(capsys, tmp_path, tiny, still):
 
 def test_check_window_passes_a_whole_checkpoint(tiny):
     ENGINE.check_window(tiny, 8, DecodingOptions(frame_max_pixels=100_000))
+
+
+@pytest.mark.real
+@pytest.mark.oracle
+@pytest.mark.skipif(
+    not os.environ.get("FFAI_QWEN3VL_2B"), reason="the 2B shapes take ~8.5 GB and minutes: set FFAI_QWEN3VL_2B=1"
+)
+def test_cli_text_equals_reference_at_2b_shapes(capsys, tmp_path, still):
+    """`ffai caption` on Qwen3-VL-2B's shapes (random weights): a 4-frame window and a still, 32
+    tokens each, the track's text transformers' decode. One model in memory at a time."""
+    import gc
+
+    from ffai import media
+
+    model = cached_checkpoint("2b")
+    options = DecodingOptions(max_new_tokens=32)
+    window = tmp_path / "window.json"
+    flags = ["--engine", "qwen3-vl", "--model", str(model), "--max-new-tokens", "32"]
+    code, _, err = caption(
+        capsys, *flags, "-i", str(DEMO_CLIP), "--fps", "2", "--window", "4", "-t", "2", "-o", str(window)
+    )
+    assert code == 0, err
+    code, still_text, err = caption(capsys, *flags, "-i", str(still))
+    assert code == 0, err
+    gc.collect()
+    (cue,) = json.loads(window.read_text(encoding="utf-8"))["cues"]
+    frames = list(media.Decoder(isolated=False).sample_frames(DEMO_CLIP, 2.0, duration=2.0))
+    expected = reference_answer(
+        model, [f.image for f in frames], cue["frame_times"], (cue["start"], cue["end"]), options
+    )
+    assert cue["text"] == expected.strip()
+    with Image.open(still) as image:
+        assert still_text.strip() == reference_answer(model, [image.convert("RGB")], None, None, options).strip()
+    reference_model.cache_clear()
