@@ -1,11 +1,13 @@
-"""One-row (decode) products of SmolVLM-256M's text linears by each kernel torch offers, with the
-weights streamed from memory as in a decode step, all kernels timed in turn in one process.
+"""One-row (decode) products of SmolVLM-256M's text linears by each kernel torch offers, over a
+step's worth of weights, all kernels timed in turn in one process.
 
     python scripts/bench_decode_kernels.py [--threads 1] [--repeats 15]
 
 For each shape, ``--layers`` copies of a random int8 weight (30: the text tower's layers) are
-multiplied by one row, one copy after the other, so the weights come from memory, not the
-cache, as in a decode step; the LM head (576 -> 49 280) is one weight, too big for any cache.
+multiplied by one row, one copy after the other, so the weights are read as a decode step reads
+them (from memory, or from an L3 cache as large as the step's weights); the LM head (576 ->
+49 280) is one weight. A row is never ``expand``-ed to more rows for ``torch._int_mm``: on the CPU
+a stride-0 input gives wrong sums, fast (torch 2.14.1).
 Kernels: ``torch._weight_int8pack_mm`` (int8 weight x bfloat16 row: what ``RowScaledLinear`` runs
 for a decode row where the CPU has native bfloat16), fbgemm's dynamic int8 linear (the row
 quantised to 8 bits with a zero point: ``QuantizedLinear``), ``torch._int_mm`` (the row quantised
@@ -19,6 +21,8 @@ import argparse
 import statistics
 import sys
 import time
+
+ARMS = ("int8pack", "fbgemm", "_int_mm", "bf16 oneDNN")
 
 
 def main() -> int:
@@ -36,10 +40,10 @@ def main() -> int:
     shapes |= {"gate/up 576->3072": (3072, 576, args.layers), "down 1536->576": (576, 1536, args.layers)}
     shapes["LM head 576->49280"] = (49280, 576, 1)
     print(f"torch {torch.__version__}, {args.threads} thread(s), ms for all copies (median of {args.repeats})")
-    print(f"{'shape':<22}{'copies':>7}{'int8pack':>10}{'fbgemm':>10}{'_int_mm':>10}{'bf16 oneDNN':>13}")
+    print(f"{'shape':<22}{'copies':>7}" + "".join(f"{a:>12}" for a in ARMS))
     for name, (n, k, copies) in shapes.items():
         ms = time_shape(n, k, copies, args.repeats)
-        print(f"{name:<22}{copies:>7}{ms[0]:>10.2f}{ms[1]:>10.2f}{ms[2]:>10.2f}{ms[3]:>13.2f}", flush=True)
+        print(f"{name:<22}{copies:>7}" + "".join(f"{v:>12.2f}" for v in ms), flush=True)
     return 0
 
 

@@ -40,9 +40,11 @@ def load(path: Path, *, compiled: bool):
     return net
 
 
-def tokens(path: Path, options: DecodingOptions, *, compiled: bool) -> list[int]:
+def tokens(path: Path, *options: DecodingOptions, compiled: bool) -> list[list[int]]:
+    """The tokens of one load for each of ``options``, in order."""
+    net = load(path, compiled=compiled)
     with torch.inference_mode():
-        return generate(load(path, compiled=compiled), PROMPT, None, options, stop_ids=[])
+        return [generate(net, PROMPT, None, o, stop_ids=[]) for o in options]
 
 
 # A second process: the same load and greedy decode; prints the tokens and the messages.
@@ -55,7 +57,7 @@ sys.path.insert(0, {str(Path(__file__).parent)!r})
 from test_smolvlm_compiled_decode import GREEDY, tokens
 torch.set_num_threads(1)
 with messages.collect() as said:
-    ids = tokens(Path(sys.argv[1]), GREEDY, compiled=True)
+    (ids,) = tokens(Path(sys.argv[1]), GREEDY, compiled=True)
 print(ids, [m.text for m in said])
 """
 
@@ -68,8 +70,7 @@ def compiled_home(tmp_path_factory, tiny_checkpoint):
         mp.setenv("FFAI_HOME", str(home))
         mp.setenv("TORCHINDUCTOR_CACHE_DIR", str(home / "elsewhere"))  # restored after the module
         with messages.collect() as said:
-            greedy = tokens(tiny_checkpoint, GREEDY, compiled=True)
-            sampled = tokens(tiny_checkpoint, SAMPLED, compiled=True)
+            greedy, sampled = tokens(tiny_checkpoint, GREEDY, SAMPLED, compiled=True)
     return home, greedy, sampled, said
 
 
@@ -77,8 +78,7 @@ def compiled_home(tmp_path_factory, tiny_checkpoint):
 def test_compiled_step_gives_the_eager_tokens(compiled_home, tiny_checkpoint):
     home, greedy, sampled, said = compiled_home
     assert [m.level for m in said] == ["note"] and "compiling the int8 decode step" in said[0].text
-    assert greedy == tokens(tiny_checkpoint, GREEDY, compiled=False)
-    assert sampled == tokens(tiny_checkpoint, SAMPLED, compiled=False)
+    assert [greedy, sampled] == tokens(tiny_checkpoint, GREEDY, SAMPLED, compiled=False)
     assert len(set(greedy)) > 1  # not one token repeated: the steps differ
 
 

@@ -24,6 +24,7 @@ here: its eager path is the exact one.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -125,17 +126,19 @@ class CompiledDecode:
         """(1, 1, D) embedding of the token at ``pos`` ((1,) long) -> (1, vocab) logits, or None."""
         if self.failed or x.shape[0] != 1:
             return None
-        if self.steps is not None:
-            return self._run(x, pos, cache)
-        if not self._prepare():
+        first = self.steps is None
+        if first and not self._prepare():
             return None
         try:
-            return self._run(x, pos, cache)  # compiles (or loads the cached code)
+            logits = self._run(x, pos, cache)  # the first call compiles, or loads the cached code
         except Exception as e:  # noqa: BLE001 - any failure of the compiler leaves the eager step
-            return self._fail(f"could not compile the decode step ({type(e).__name__}: {str(e).splitlines()[0]})")
-        finally:
-            if not self.failed:
-                (self.folder / MARKER).write_text(json.dumps({"dtype": self.dtype, "torch": torch.__version__}) + "\n")
+            self._fail(f"could not compile the decode step ({type(e).__name__}: {str(e).splitlines()[0]})")
+            return None
+        marker = self.folder / MARKER
+        if first and not marker.is_file():
+            with contextlib.suppress(OSError):  # only the next process's note depends on it
+                marker.write_text(json.dumps({"dtype": self.dtype, "torch": torch.__version__}) + "\n")
+        return logits
 
     def _run(self, x: torch.Tensor, pos: torch.Tensor, cache: KVCache) -> torch.Tensor:
         first = int(pos[0])
@@ -151,16 +154,18 @@ class CompiledDecode:
     def _prepare(self) -> bool:
         """The per-layer steps, with the cache folder ready; False (warned) where there are none."""
         if not any(compilable(layer) for layer in self.text.layers):
-            return self._fail("no layer of this CPU's int8 plan can be compiled") is not None
+            self._fail(f"no layer of this CPU's {self.dtype} plan can be compiled")
+            return False
         try:
             (self.folder / "inductor").mkdir(parents=True, exist_ok=True)
             probe = self.folder / ".writable"
             probe.write_bytes(b"")
             probe.unlink()
         except OSError as e:
-            return self._fail(f"cannot write the compiled decode cache ({e})") is not None
+            self._fail(f"cannot write the compiled decode cache ({e})")
+            return False
         if not (self.folder / MARKER).is_file():
-            messages.note(f"compiling the {self.dtype} decode step for this machine, once (under a minute)")
+            messages.note(f"compiling the {self.dtype} decode step for this machine, once (about a minute)")
         # Inductor reads its cache folder from the environment at each use; this process is the
         # text tower's, and nothing else in it compiles.
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(self.folder / "inductor")
@@ -171,6 +176,7 @@ class CompiledDecode:
         return True
 
     def _fail(self, why: str) -> None:
+        """Warn once and keep to the eager step from now on."""
         messages.warn(f"{why}; the {self.dtype} decode step runs uncompiled")
         self.failed = True
         self.steps = None
