@@ -10,8 +10,10 @@ it must not import torch). It has three parts:
   in, an :class:`Answer` out.
 
 Optionally ``bench``: the hooks ``ffai bench vlm`` needs (:class:`ffai.bench.hooks.BenchHooks`),
-and ``kernels(flags)``: which kernels run each dtype on a CPU with those flags and the dtype for
-throughput there, which ``ffai engines`` prints (torch-free, like ``info``).
+``kernels(flags)``: which kernels run each dtype on a CPU with those flags and the dtype for
+throughput there, which ``ffai engines`` prints (torch-free, like ``info``), and ``model_types``:
+the config.json ``model_type`` values it runs, so that a checkpoint folder given without
+``--engine`` finds its engine (``ffai.registry.engine_for_model``).
 
 A request says what it holds in engine-neutral terms (a still, or frames with their source
 times); the engine decides tiling and prompt. The core places the stages inline or in worker

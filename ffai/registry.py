@@ -6,8 +6,10 @@ but never a model.
 
 from __future__ import annotations
 
+import json
 from functools import lru_cache
 from importlib.metadata import EntryPoint, entry_points
+from pathlib import Path
 
 from ffai.engine import Engine, EngineInfo
 from ffai.errors import FfaiError, ModelError, UsageError
@@ -47,11 +49,14 @@ def engine_infos() -> list[EngineInfo]:
 
 def engine_for_model(name: str | None, model: str | None) -> Engine:
     """The engine a run uses: ``name`` (``--engine``) when given, else the engine the model's
-    manifest names, else the default engine. A model whose manifest names another engine than
-    ``--engine`` is refused in one line, before anything loads."""
+    manifest names, else for a checkpoint folder the engine that declares its config.json's
+    ``model_type`` (an engine's optional ``model_types``), else the default engine. A model whose
+    manifest names another engine than ``--engine`` is refused in one line, before anything loads."""
     from ffai import models
 
-    manifest = models.find_manifest(model) if model and not models.looks_like_path(model) else None
+    if model and models.looks_like_path(model):
+        return get_engine(name or _engine_of_folder(Path(model).expanduser()))
+    manifest = models.find_manifest(model) if model else None
     engine = get_engine(name or (manifest.engine if manifest else None))
     if manifest is not None and manifest.engine != engine.info.name:
         where = models.bundled_dir() / f"{manifest.name}.toml"
@@ -60,3 +65,13 @@ def engine_for_model(name: str | None, model: str | None) -> Engine:
             f"{engine.info.name}; leave --engine out or pass --engine {manifest.engine}"
         )
     return engine
+
+
+def _engine_of_folder(folder: Path) -> str | None:
+    """The registered engine whose ``model_types`` hold the folder's config.json ``model_type``;
+    None (the default engine, which then says what is wrong) when none does or it cannot be read."""
+    try:
+        model_type = json.loads((folder / "config.json").read_text(encoding="utf-8")).get("model_type")
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+        return None
+    return next((n for n in names() if model_type in getattr(get_engine(n), "model_types", ())), None)

@@ -91,7 +91,9 @@ def test_models_list_says_decoding_is_greedy(capsys):
     assert "decodes greedily by default, even where its generation_config.json asks for sampling" in out
 
 
-def test_a_manifest_picks_its_engine_and_refuses_another():
+def test_a_manifest_or_a_folders_config_picks_the_engine(tiny):
+    assert registry.engine_for_model(None, str(tiny)).info.name == "qwen3-vl"
+    assert registry.engine_for_model(None, str(ROOT / "models" / "smolvlm-demo")).info.name == "smolvlm"
     assert registry.engine_for_model(None, "qwen3-vl-4b-instruct").info.name == "qwen3-vl"
     assert registry.engine_for_model(None, "smolvlm-demo").info.name == "smolvlm"
     with pytest.raises(ModelError, match=r"qwen3-vl-2b-instruct\.toml: .*--engine qwen3-vl"):

@@ -98,6 +98,7 @@ def processor_config(model_dir: Path, options: DecodingOptions, frames: int | No
 
 class Qwen3VLEngine:
     info = INFO
+    model_types = ("qwen3_vl",)  # config.json's: a folder of this family runs here without --engine
     bench = "ffai_qwen3vl.bench:HOOKS"  # ffai bench vlm's hooks (transformers as the reference)
 
     def check_window(self, model_dir: Path, frames: int, options: DecodingOptions) -> None:

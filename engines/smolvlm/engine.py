@@ -56,6 +56,7 @@ def window_presentation(options: DecodingOptions, video_capable: bool, model_dir
 
 class SmolVLMEngine:
     info = INFO
+    model_types = ("idefics3", "smolvlm")  # config.json's: a folder of these runs here without --engine
     bench = "ffai_smolvlm.bench:HOOKS"  # ffai bench vlm's hooks (transformers as the reference)
 
     def kernels(self, flags: frozenset[str]) -> dict:
