@@ -116,3 +116,18 @@ def test_loading_attaches_the_step_only_where_asked(tiny_checkpoint, monkeypatch
     monkeypatch.setenv(compiled_decode.ENV, asked)
     net = load_weights(tiny_checkpoint, RuntimeOptions(dtype=dtype, device="cpu"), parts=("text",))
     assert (net.text.compiled_decode is not None) is (asked == "1" and dtype == "int8")
+
+
+@pytest.mark.slow
+def test_a_longer_cache_reuses_the_compiled_graph(compiled_home, tiny_checkpoint, monkeypatch):
+    home, greedy, _, _ = compiled_home
+    monkeypatch.setenv("FFAI_HOME", str(home))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(home / "elsewhere"))  # the step sets it; restored after
+    net = load(tiny_checkpoint, compiled=True)
+    long = DecodingOptions(max_new_tokens=300, force_new_tokens=True)
+    with torch.inference_mode():
+        assert generate(net, PROMPT, None, GREEDY, stop_ids=[]) == greedy  # a cache of 256 positions
+        graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+        generate(net, PROMPT, None, long, stop_ids=[])  # one of 512: the cache is replaced
+    assert net.text.cache.max_len > 256
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs  # nothing traced again

@@ -120,7 +120,6 @@ class CompiledDecode:
         self.text, self.folder, self.dtype = text, folder, dtype
         self.steps: list | None = None  # (start, end, LayerSpan compiled or not) by runs of layers
         self.failed = False
-        self.marked: set[int] = set()  # ids of the caches whose length is marked dynamic
 
     def __call__(self, x: torch.Tensor, pos: torch.Tensor, cache: KVCache) -> torch.Tensor | None:
         """(1, 1, D) embedding of the token at ``pos`` ((1,) long) -> (1, vocab) logits, or None."""
@@ -143,10 +142,9 @@ class CompiledDecode:
     def _run(self, x: torch.Tensor, pos: torch.Tensor, cache: KVCache) -> torch.Tensor:
         first = int(pos[0])
         cos, sin = self.text._rope_rows(first, first + 1, x)
-        if id(cache) not in self.marked:  # one graph for every cache length
+        if 2 not in getattr(cache.k[0], "_dynamo_dynamic_indices", ()):  # one graph for every cache length
             for t in (*cache.k, *cache.v):
                 torch._dynamo.mark_dynamic(t, 2)
-            self.marked.add(id(cache))
         for start, end, step in self.steps:
             x = step(x, pos, cos, sin, cache.k[start:end], cache.v[start:end])
         return self.text.lm_head.forward(self.text.norm.forward(x))[:, -1]
