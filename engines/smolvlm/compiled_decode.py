@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -164,6 +165,8 @@ class CompiledDecode:
             return False
         if not (self.folder / MARKER).is_file():
             messages.note(f"compiling the {self.dtype} decode step for this machine, once (about a minute)")
+        # torch's C++ builder warns on stderr, outside ffai's messages, that it found no CUDA runtime.
+        logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
         # Inductor reads its cache folder from the environment at each use; this process is the
         # text tower's, and nothing else in it compiles.
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(self.folder / "inductor")
