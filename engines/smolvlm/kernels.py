@@ -28,7 +28,7 @@ NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 VISION = r"vision\."
 # The first four layers of each tower stay wider than int8 (bfloat16 weights where bfloat16 is
 # native, else float32): a weight's rounding there is carried and grown through every later
-# layer, and these eight layers held most of the prefill logits' loss (docs/precision-and-speed.md).
+# layer, and these eight held about two thirds of the prefill logits' loss (docs/precision-and-speed.md).
 WIDE_LAYERS = r"(vision|text)\.layers\.[0-3]\."
 # bfloat16 keeps the text tower's first four layers in float32, for the same reason.
 WIDE_TEXT_LAYERS = r"text\.layers\.[0-3]\."
@@ -49,8 +49,9 @@ def int8_linears(flags: frozenset[str], bf16: bool) -> tuple[tuple[str, str], ..
     """int8's (module-name pattern, kind) on a CPU with ``flags`` (``bf16``: oneDNN multiplies
     bfloat16 natively), the first match winning.
 
-    The first four layers of each tower keep wider weights (``WIDE_LAYERS``). The rest of the vision tower (a tile's 1024 rows a call, its activation range that tile's) runs on
-    oneDNN where it has AMX-INT8, on fbgemm elsewhere. With native bfloat16 the connector and
+    The first four layers of each tower keep wider weights (``WIDE_LAYERS``). The rest of the
+    vision tower (a tile's 1024 rows a call, its activation range that tile's) runs on oneDNN
+    where it has AMX-INT8, on fbgemm elsewhere. With native bfloat16 the connector and
     the text tower keep their activations unquantised (int8 weights times bfloat16 rows): int8
     activations in the text tower cost the prefill logits more than everything else together,
     and one shared range was not the cause (docs/precision-and-speed.md). The LM head stays on
