@@ -78,6 +78,7 @@ def run(args, threads: int) -> int:
             logits = prefill(model, model.text.embed_tokens(ids), cache)
             caches[arm] = cache
             tokens[arm] = [int(logits.argmax(-1))]
+        steps_logits: dict[str, list] = {}
         steps = {
             arm: compiled_decode.CompiledDecode(
                 models[arm].text, compiled_decode.cache_dir(weight_files(path), dtype), dtype
@@ -92,6 +93,7 @@ def run(args, threads: int) -> int:
             pos = torch.tensor([prompt + i])
             logits = decode_one_token(model, torch.tensor([tokens[arm][-1]]), pos, caches[arm])
             tokens[arm].append(int(logits.argmax(-1)))
+            steps_logits.setdefault(arm, []).append(logits.float().clone())
 
         for arm in arms:  # first step: compile or cache load for compiled arms
             start = time.perf_counter()
@@ -110,10 +112,26 @@ def run(args, threads: int) -> int:
         floor = 1e3 * weight_bytes(models[arm].text, dtype) / (args.bandwidth * 1e9)
         same = ""
         if arm.endswith("+compile") and dtype in arms:
-            diff = _first_diff(tokens[arm], tokens[dtype])
-            same = "same as eager" if diff is None else f"differ from eager from token {diff}"
+            same = _agreement(tokens, steps_logits, arm, dtype, n, "eager")
+        if arm != "float32" and "float32" in arms:
+            same += _agreement(tokens, steps_logits, arm, "float32", n, "float32")
         print(f"{arm:<20}{1e3 * statistics.median(walls[arm]):>10.2f}{floor:>10.2f}{first_step[arm]:>14.2f}  {same}")
     return 0
+
+
+def _agreement(tokens: dict, logits: dict, arm: str, other: str, n: int, name: str) -> str:
+    """Tokens of ``arm`` against ``other``'s, and their logits' agreement over the steps both were
+    fed the same tokens (before the first difference)."""
+    import torch
+
+    diff = _first_diff(tokens[arm], tokens[other])
+    said = f"same as {name}" if diff is None else f"differ from {name} from token {diff}"
+    pairs = list(zip(logits[arm], logits[other]))[: n if diff is None else diff]
+    if not pairs:
+        return said + "; "
+    cos = min(float(torch.nn.functional.cosine_similarity(a, b, dim=-1).min()) for a, b in pairs)
+    worst = max(float((a - b).abs().max()) for a, b in pairs)
+    return f"{said} (logits over {len(pairs)} steps: cosine >= {cos:.6f}, max |diff| {worst:.3g}); "
 
 
 def _first_diff(a: list[int], b: list[int]) -> int | None:
