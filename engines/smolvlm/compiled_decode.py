@@ -4,16 +4,19 @@ the compile once.
 
 :func:`layer_step` is one decoder layer of ``generate.decode_one_token`` at static shapes: one
 token, the layer's whole cache with the positions after ``pos`` masked (gpt-fast's form), the
-position a tensor. Every layer has the same shapes and code, so one compiled graph serves all
-of them and every step of every request (the cache's length is marked dynamic, so a longer
-cache reuses it too): the compile traces one layer, not thirty. The layers' own linears run
-inside it, so the kernels are the eager ones; what the compiler removes is the Python between
-them (about 20 ops a layer for one row). Only layers whose linears are int8 by row with
-bfloat16 rows (``RowScaledLinear``'s one-row ``torch._weight_int8pack_mm``) are compiled: fbgemm's
-packed weights (int8's LM head, its linears on CPUs without native bfloat16) cannot be traced,
-oneDNN's packed bfloat16 weights (the plan's widest layers, and ``--dtype bfloat16``) are taken by
-inductor only as constants of a frozen graph, which is not cached on disk. Those layers run the
-same function uncompiled, and the norm and LM head run eagerly.
+position a tensor. A :class:`LayerSpan` runs it over a run of consecutive layers, and each run
+whose layers trace is one compiled graph: one call and one guard check a step (a graph per
+layer cost as much in guards as it saved). The cache's length is marked dynamic, so the graph
+serves every step of every request, a longer cache included. The layers' own linears run inside
+it, so the kernels are the eager ones; what the compiler removes is the Python between them
+(about 20 ops a layer for one row), and it fuses the norms, RoPE and residual additions, which
+then round a little otherwise than eager's (docs/precision-and-speed.md). Only layers whose
+linears are int8 by row with bfloat16 rows (``RowScaledLinear``'s one-row
+``torch._weight_int8pack_mm``) are compiled: fbgemm's packed weights (int8's LM head, its linears
+on CPUs without native bfloat16) cannot be traced, oneDNN's packed bfloat16 weights (the plan's
+wide first layers, and ``--dtype bfloat16``) are taken by inductor only as constants of a frozen
+graph, which is not cached on disk. Those layers run the same function uncompiled, and the norm
+and LM head run eagerly.
 
 :class:`CompiledDecode` owns the cache folder (``cache_dir``: keyed by the weight files'
 identity, the dtype, torch's version and the CPU's flags; inductor adds the thread count to its
@@ -151,7 +154,7 @@ class CompiledDecode:
         return self.text.lm_head.forward(self.text.norm.forward(x))[:, -1]
 
     def _prepare(self) -> bool:
-        """The per-layer steps, with the cache folder ready; False (warned) where there are none."""
+        """The steps by runs of layers, with the cache folder ready; False (warned) where there are none."""
         if not any(compilable(layer) for layer in self.text.layers):
             self._fail(f"no layer of this CPU's {self.dtype} plan can be compiled")
             return False
