@@ -260,6 +260,28 @@ def test_check_window_passes_a_whole_checkpoint(tiny):
     ENGINE.check_window(tiny, 8, DecodingOptions(frame_max_pixels=100_000))
 
 
+def test_check_window_bounds_thin_frames(tmp_path, tiny):
+    # Under a small frame budget a thin frame makes more tokens than the largest square one: the
+    # check must bound every frame shape, so a context one token short of the thin window refuses it.
+    from ffai_qwen3vl.engine import WIDEST_TIME, prompt_text
+    from ffai_qwen3vl.prompt import PromptBuilder
+
+    options = DecodingOptions(frame_max_pixels=4096, max_new_tokens=1)
+    cfg = processor_config(tiny, options, 8)
+    text = prompt_text(options, still=False)
+    thin = PromptBuilder.from_dir(tiny).count_tokens(8, 8192, 41, text, [WIDEST_TIME] * 8, cfg)
+    folder = tmp_path / "short-context"
+    folder.mkdir()
+    for path in tiny.iterdir():
+        (folder / path.name).symlink_to(path)
+    config = json.loads((tiny / "config.json").read_text())
+    config["text_config"]["max_position_embeddings"] = thin
+    (folder / "config.json").unlink()
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UsageError, match="--window 8"):
+        ENGINE.check_window(folder, 8, options)
+
+
 @pytest.mark.real
 @pytest.mark.oracle
 @pytest.mark.skipif(

@@ -104,7 +104,6 @@ class Qwen3VLEngine:
     def check_window(self, model_dir: Path, frames: int, options: DecodingOptions) -> None:
         """Refuse, before any weight loads, a folder whose files disagree or a window whose
         largest prompt cannot fit the context (every frame as large as its budget allows)."""
-        from ffai.media import MAX_SIDE
         from ffai_qwen3vl.config import ModelConfig
         from ffai_qwen3vl.prompt import PromptBuilder
 
@@ -114,9 +113,10 @@ class Qwen3VLEngine:
         builder = PromptBuilder.from_dir(model_dir)
         check_files_agree(model_dir, config, builder)
         n = clip_frame_count(frames)
-        # The largest frame ffai decodes: the budget's maximum then bounds the clip's area.
+        # A bound at any frame size and aspect: the largest frame is not the longest prompt (a thin
+        # frame under a small --frame-max-pixels makes more tokens than a square one).
         text = prompt_text(options, still=False)
-        prompt_len = builder.count_tokens(n, MAX_SIDE, MAX_SIDE, text, [WIDEST_TIME] * n, cfg)
+        prompt_len = builder.count_widest(n, text, WIDEST_TIME, cfg)
         context = config.text.max_position_embeddings
         if prompt_len + options.max_new_tokens > context:
             raise UsageError(
