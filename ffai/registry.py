@@ -51,14 +51,15 @@ def engine_for_model(name: str | None, model: str | None) -> Engine:
     """The engine a run uses: ``name`` (``--engine``) when given, else the engine the model's
     manifest names, else for a checkpoint folder the engine that declares its config.json's
     ``model_type`` (an engine's optional ``model_types``), else the default engine. A model whose
-    manifest names another engine than ``--engine`` is refused in one line, before anything loads."""
+    manifest names another engine than ``--engine`` is refused in one line, before anything loads,
+    unless ``--engine`` declares a ``model_type`` of that engine's (one engine wrapping another)."""
     from ffai import models
 
     if model and models.looks_like_path(model):
         return get_engine(name or _engine_of_folder(Path(model).expanduser()))
     manifest = models.find_manifest(model) if model else None
     engine = get_engine(name or (manifest.engine if manifest else None))
-    if manifest is not None and manifest.engine != engine.info.name:
+    if manifest is not None and manifest.engine != engine.info.name and not _same_family(engine, manifest.engine):
         where = models.bundled_dir() / f"{manifest.name}.toml"
         raise ModelError(
             f"{where}: {manifest.name} is a model of the {manifest.engine!r} engine, not of --engine "
@@ -75,3 +76,9 @@ def _engine_of_folder(folder: Path) -> str | None:
     except (OSError, UnicodeDecodeError, ValueError, AttributeError):
         return None
     return next((n for n in names() if model_type in getattr(get_engine(n), "model_types", ())), None)
+
+
+def _same_family(engine: Engine, other: str) -> bool:
+    """Whether ``engine`` runs the checkpoints of the engine named ``other``: they share a model_type."""
+    ours = set(getattr(engine, "model_types", ()))
+    return bool(ours & set(getattr(get_engine(other), "model_types", ())))

@@ -43,6 +43,7 @@ class SlowEngine:
     """SmolVLM, each window held back ``$FFAI_TEST_STAGE_DELAY_S`` seconds before it runs."""
 
     info = EngineInfo(SLOW_NAME, "vlm", "experimental", "test only: smolvlm with a delay", SMOLVLM.info.default_model)
+    model_types = SMOLVLM.model_types  # it runs SmolVLM's checkpoints: --model smolvlm-demo is its own
 
     def check_window(self, *args, **kwargs):
         return SMOLVLM.check_window(*args, **kwargs)
