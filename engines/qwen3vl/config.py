@@ -11,74 +11,15 @@ naming the file and the key.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from ffai.errors import ModelError
+from ffai.checkpoint_json import JsonSection, read_json_object
 
 CONFIG_FILE = "config.json"
 MODEL_TYPE = "qwen3_vl"
 VISION_ACTS = ("gelu_pytorch_tanh",)
 TEXT_ACTS = ("silu",)
-_MISSING = object()
-
-
-def read_json_object(path: Path, what: str) -> dict[str, Any]:
-    """The JSON object in ``path``, or a one-line ModelError naming the file."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError as e:
-        raise ModelError(f"{path}: no {path.name} in the model folder") from e
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ModelError(f"{path}: cannot read {what}: {e}") from e
-    if not isinstance(data, dict):
-        raise ModelError(f"{path}: {what} must be a JSON object")
-    return data
-
-
-class _Section:
-    """Typed reads from one dict of config.json, with errors naming the file and the key path."""
-
-    def __init__(self, data: Any, source: str, prefix: str) -> None:
-        if not isinstance(data, dict):
-            raise ModelError(f"{source}: {prefix.rstrip('.') or 'config'} must be a JSON object")
-        self.data, self.source, self.prefix = data, source, prefix
-
-    def get(self, key: str, kind: type, default: Any = _MISSING) -> Any:
-        value = self.data.get(key, _MISSING)
-        if value is _MISSING or (value is None and default is not _MISSING):
-            if default is _MISSING:
-                raise ModelError(f"{self.source}: missing required key {self.prefix}{key}")
-            return default
-        if kind is float and isinstance(value, int) and not isinstance(value, bool):
-            return float(value)
-        if kind is int and isinstance(value, float) and value.is_integer():
-            return int(value)
-        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-            raise ModelError(f"{self.source}: {self.prefix}{key} must be {kind.__name__}, found {value!r}")
-        return value
-
-    def positive(self, key: str, default: Any = _MISSING) -> int:
-        value = self.get(key, int, default)
-        if value < 1:
-            raise ModelError(f"{self.source}: {self.prefix}{key} must be >= 1, found {value}")
-        return value
-
-    def ints(self, key: str, default: Any = _MISSING) -> tuple[int, ...]:
-        values = self.get(key, list, default)
-        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
-            raise ModelError(f"{self.source}: {self.prefix}{key} must be a list of integers >= 0, found {values!r}")
-        return tuple(values)
-
-    def section(self, key: str) -> "_Section":
-        return _Section(self.get(key, dict), self.source, f"{self.prefix}{key}.")
-
-    def check(self, ok: bool, message: str) -> None:
-        if not ok:
-            where = self.prefix.rstrip(".")
-            raise ModelError(f"{self.source}: {where + ': ' if where else ''}{message}")
 
 
 @dataclass(frozen=True)
@@ -119,7 +60,7 @@ class VisionConfig:
         return self.in_channels * self.temporal_patch_size * self.patch_size**2
 
     @classmethod
-    def from_section(cls, s: _Section) -> "VisionConfig":
+    def from_section(cls, s: JsonSection) -> "VisionConfig":
         rope = s.data.get("rope_parameters")
         theta = 10000.0  # the reference's default for its axial rope
         if rope is not None:
@@ -171,7 +112,7 @@ class TextConfig:
     attention_bias: bool
 
     @classmethod
-    def from_section(cls, s: _Section) -> "TextConfig":
+    def from_section(cls, s: JsonSection) -> "TextConfig":
         heads = s.positive("num_attention_heads", 32)
         theta, section = _text_rope(s)
         cfg = cls(
@@ -199,7 +140,7 @@ class TextConfig:
         return cfg
 
 
-def _text_rope(s: _Section) -> tuple[float, tuple[int, int, int]]:
+def _text_rope(s: JsonSection) -> tuple[float, tuple[int, int, int]]:
     """(rope_theta, mrope_section) from either layout; anything but interleaved default mRoPE is refused."""
     if s.data.get("rope_parameters") is not None:
         r, theta_from = s.section("rope_parameters"), s.section("rope_parameters")
@@ -233,7 +174,7 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, data: dict, source: str = CONFIG_FILE) -> "ModelConfig":
-        s = _Section(data, source, "")
+        s = JsonSection(data, source, "")
         model_type = s.get("model_type", str)
         s.check(model_type == MODEL_TYPE, f"model_type {model_type!r} is not a Qwen3-VL checkpoint ({MODEL_TYPE!r})")
         vision = VisionConfig.from_section(s.section("vision_config"))

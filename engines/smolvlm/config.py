@@ -13,11 +13,10 @@ than silently computed wrong.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from ffai.checkpoint_json import JsonSection, read_json_object
 from ffai.errors import ModelError
 
 CONFIG_FILE = "config.json"
@@ -26,56 +25,6 @@ CONFIG_FILE = "config.json"
 PROCESSORS = {"idefics3": "Idefics3Processor", "smolvlm": "SmolVLMProcessor"}
 VISION_ACTS = ("gelu_pytorch_tanh",)
 TEXT_ACTS = ("silu",)
-_MISSING = object()
-
-
-def read_json_object(path: Path, what: str) -> dict[str, Any]:
-    """The JSON object in ``path`` (a file of the model folder holding its ``what``), or a
-    one-line ModelError naming the file."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError as e:
-        raise ModelError(f"{path}: no {path.name} in the model folder") from e
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ModelError(f"{path}: cannot read {what}: {e}") from e
-    if not isinstance(data, dict):
-        raise ModelError(f"{path}: {what} must be a JSON object")
-    return data
-
-
-class _Section:
-    """Typed reads from one dict of config.json, with errors naming the file and the key path."""
-
-    def __init__(self, data: Any, source: str, prefix: str) -> None:
-        if not isinstance(data, dict):
-            raise ModelError(f"{source}: {prefix.rstrip('.') or 'config'} must be a JSON object")
-        self.data, self.source, self.prefix = data, source, prefix
-
-    def get(self, key: str, kind: type, default: Any = _MISSING) -> Any:
-        value = self.data.get(key, _MISSING)
-        if value is _MISSING or (value is None and default is not _MISSING):
-            if default is _MISSING:
-                raise ModelError(f"{self.source}: missing required key {self.prefix}{key}")
-            return default
-        return self._typed(key, value, kind)
-
-    def _typed(self, key: str, value: Any, kind: type) -> Any:
-        if kind is float and isinstance(value, int) and not isinstance(value, bool):
-            return float(value)
-        if kind is int and isinstance(value, float) and value.is_integer():
-            return int(value)
-        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-            raise ModelError(f"{self.source}: {self.prefix}{key} must be {kind.__name__}, found {value!r}")
-        return value
-
-    def positive(self, key: str, default: Any = _MISSING) -> int:
-        value = self.get(key, int, default)
-        if value < 1:
-            raise ModelError(f"{self.source}: {self.prefix}{key} must be >= 1, found {value}")
-        return value
-
-    def section(self, key: str) -> "_Section":
-        return _Section(self.get(key, dict), self.source, f"{self.prefix}{key}.")
 
 
 @dataclass(frozen=True)
@@ -105,7 +54,7 @@ class VisionConfig:
         return self.patches_per_side**2
 
     @classmethod
-    def from_section(cls, s: _Section) -> "VisionConfig":
+    def from_section(cls, s: JsonSection) -> "VisionConfig":
         cfg = cls(
             hidden_size=s.positive("hidden_size"),
             # The reference's defaults (Idefics3VisionConfig): SmolVLM2-500M's file leaves both out.
@@ -118,9 +67,9 @@ class VisionConfig:
             layer_norm_eps=s.get("layer_norm_eps", float, 1e-6),
             hidden_act=s.get("hidden_act", str, "gelu_pytorch_tanh"),
         )
-        _check(s, cfg.hidden_size % cfg.num_attention_heads == 0, "hidden_size must divide by num_attention_heads")
-        _check(s, cfg.image_size >= cfg.patch_size, "image_size must be at least patch_size")
-        _check(s, cfg.hidden_act in VISION_ACTS, f"hidden_act {cfg.hidden_act!r} is not supported ({VISION_ACTS})")
+        s.check(cfg.hidden_size % cfg.num_attention_heads == 0, "hidden_size must divide by num_attention_heads")
+        s.check(cfg.image_size >= cfg.patch_size, "image_size must be at least patch_size")
+        s.check(cfg.hidden_act in VISION_ACTS, f"hidden_act {cfg.hidden_act!r} is not supported ({VISION_ACTS})")
         return cfg
 
 
@@ -144,9 +93,9 @@ class TextConfig:
     mlp_bias: bool
 
     @classmethod
-    def from_section(cls, s: _Section) -> "TextConfig":
+    def from_section(cls, s: JsonSection) -> "TextConfig":
         model_type = s.get("model_type", str, "llama")
-        _check(s, model_type == "llama", f"model_type {model_type!r} is not supported (llama)")
+        s.check(model_type == "llama", f"model_type {model_type!r} is not supported (llama)")
         heads = s.positive("num_attention_heads")
         hidden = s.positive("hidden_size")
         cfg = cls(
@@ -164,8 +113,8 @@ class TextConfig:
             attention_bias=s.get("attention_bias", bool, False),
             mlp_bias=s.get("mlp_bias", bool, False),
         )
-        _check(s, heads % cfg.num_key_value_heads == 0, "num_attention_heads must divide by num_key_value_heads")
-        _check(s, cfg.hidden_act in TEXT_ACTS, f"hidden_act {cfg.hidden_act!r} is not supported ({TEXT_ACTS})")
+        s.check(heads % cfg.num_key_value_heads == 0, "num_attention_heads must divide by num_key_value_heads")
+        s.check(cfg.hidden_act in TEXT_ACTS, f"hidden_act {cfg.hidden_act!r} is not supported ({TEXT_ACTS})")
         return cfg
 
 
@@ -197,7 +146,7 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, data: dict, source: str = CONFIG_FILE) -> "ModelConfig":
-        s = _Section(data, source, "")
+        s = JsonSection(data, source, "")
         model_type = s.get("model_type", str)
         if model_type not in PROCESSORS:
             expected = " or ".join(repr(t) for t in PROCESSORS)
@@ -213,25 +162,19 @@ class ModelConfig:
             # Idefics3ForConditionalGeneration ties lm_head by the top-level flag.
             tie_word_embeddings=s.get("tie_word_embeddings", bool, False),
         )
-        _check(s, vision.patches_per_side % cfg.scale_factor == 0, "patches per side must divide by scale_factor")
-        _check(s, 0 <= cfg.image_token_id < text.vocab_size, "image_token_id must be inside the text vocabulary")
+        s.check(vision.patches_per_side % cfg.scale_factor == 0, "patches per side must divide by scale_factor")
+        s.check(0 <= cfg.image_token_id < text.vocab_size, "image_token_id must be inside the text vocabulary")
         return cfg
 
 
-def _rope_theta(s: _Section) -> float:
+def _rope_theta(s: JsonSection) -> float:
     """rope_theta from either config layout; anything but plain RoPE is refused."""
     params = s.data.get("rope_parameters")
     if params is not None:
         p = s.section("rope_parameters")
         rope_type = p.get("rope_type", str, "default")
-        _check(s, rope_type == "default", f"rope_parameters.rope_type {rope_type!r} is not supported")
+        s.check(rope_type == "default", f"rope_parameters.rope_type {rope_type!r} is not supported")
         return p.get("rope_theta", float)
     scaling = s.data.get("rope_scaling")
-    _check(s, scaling is None, f"rope_scaling {scaling!r} is not supported")
+    s.check(scaling is None, f"rope_scaling {scaling!r} is not supported")
     return s.get("rope_theta", float)
-
-
-def _check(s: _Section, ok: bool, message: str) -> None:
-    if not ok:
-        where = s.prefix.rstrip(".")
-        raise ModelError(f"{s.source}: {where + ': ' if where else ''}{message}")

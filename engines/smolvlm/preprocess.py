@@ -31,10 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
+from ffai.checkpoint_json import read_json_object
 from ffai.errors import MediaError, ModelError
 from ffai.media import MAX_SIDE
-
-from .config import read_json_object
 
 if TYPE_CHECKING:  # pragma: no cover - typing only; torch and PIL load lazily
     import torch
