@@ -19,6 +19,7 @@ import torch
 from PIL import Image
 
 from ffai.errors import MediaError, ModelError, UsageError
+from ffai.tokenizing import TOKENIZER_FILE
 from ffai_qwen3vl.preprocess import (
     PREPROCESSOR_FILE,
     VIDEO_PREPROCESSOR_FILE,
@@ -28,7 +29,7 @@ from ffai_qwen3vl.preprocess import (
     pixel_values,
     preprocess_images,
 )
-from ffai_qwen3vl.prompt import TOKENIZER_FILE, PromptBuilder
+from ffai_qwen3vl.prompt import PromptBuilder
 from ffai_qwen3vl.video_frames import (
     clip_frames,
     pair_times,

@@ -142,8 +142,9 @@ def check_files_agree(model_dir: Path, config, builder) -> None:
     tokens are the ids the model replaces, and every tensor the index names is there with the
     config's shape (headers only: nothing is loaded). A mixed or incomplete folder would
     otherwise fail only after loading."""
+    from ffai.tokenizing import TOKENIZER_FILE
     from ffai_qwen3vl.config import CONFIG_FILE
-    from ffai_qwen3vl.prompt import IMAGE_PAD, TOKENIZER_FILE, VIDEO_PAD, VISION_END, VISION_START
+    from ffai_qwen3vl.prompt import IMAGE_PAD, VIDEO_PAD, VISION_END, VISION_START
     from ffai_qwen3vl.weights import plan_tensors
 
     for token, ours, theirs in (

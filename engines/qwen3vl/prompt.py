@@ -17,27 +17,18 @@ added (its post-processor adds none; the template writes ``<|im_start|>`` itself
 from __future__ import annotations
 
 import functools
-import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from ffai.errors import ModelError, UsageError
+from ffai.tokenizing import TextStream, files_stamp, read_prompt_files, require_token
 
-from .config import read_json_object
 from .preprocess import ProcessorConfig
 from .video_frames import pair_times, video_grid, widest_video_tokens
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from tokenizers import Tokenizer
 
-TOKENIZER_FILE = "tokenizer.json"
-GENERATION_CONFIG_FILE = "generation_config.json"
-# Where a chat template may live, in the order transformers' processor looks.
-CHAT_TEMPLATE_SOURCES = (
-    ("chat_template.json", "json"),
-    ("chat_template.jinja", "raw"),
-    ("tokenizer_config.json", "json"),
-)
 
 IMAGE_PAD = "<|image_pad|>"
 VIDEO_PAD = "<|video_pad|>"
@@ -46,7 +37,7 @@ VISION_END = "<|vision_end|>"
 IM_END = "<|im_end|>"
 # Tokens the prompt and the model need: a tokenizer without them is not a Qwen3-VL tokenizer.
 REQUIRED_TOKENS = (IMAGE_PAD, VIDEO_PAD, VISION_START, VISION_END, "<|im_start|>", IM_END)
-REPLACEMENT_CHARACTER = "\ufffd"  # what decoding writes for bytes that are no whole character
+QWEN_ONLY = " (not a Qwen3-VL tokenizer)"
 
 
 def timestamp(seconds: float) -> str:
@@ -61,7 +52,7 @@ class PromptBuilder:
         self._tokenizer = tokenizer
         self._template = chat_template  # a compiled jinja2 template
         self._source = source
-        ids = {token: _require_token(tokenizer, token, source) for token in REQUIRED_TOKENS}
+        ids = {token: require_token(tokenizer, token, source, QWEN_ONLY) for token in REQUIRED_TOKENS}
         self.image_token_id = ids[IMAGE_PAD]
         self.video_token_id = ids[VIDEO_PAD]
         self.vision_start_id = ids[VISION_START]
@@ -74,16 +65,12 @@ class PromptBuilder:
         """The checkpoint's builder, one per process while its files are unchanged (Qwen's
         tokenizer is ~11 MB of JSON; the stages of one process share it)."""
         model_dir = Path(model_dir).resolve()
-        return _shared_builder(cls, model_dir, _files_stamp(model_dir))
+        return _shared_builder(cls, model_dir, files_stamp(model_dir))
 
     @classmethod
     def load(cls, model_dir: Path) -> PromptBuilder:
         """A new builder read from ``model_dir``'s files (``from_dir`` shares one)."""
-        model_dir = Path(model_dir)
-        tokenizer = _load_tokenizer(model_dir / TOKENIZER_FILE)
-        template = _compile_template(*_find_chat_template(model_dir))
-        eos_ids = _generation_eos_ids(model_dir / GENERATION_CONFIG_FILE)
-        return cls(tokenizer, template, eos_ids, model_dir / TOKENIZER_FILE)
+        return cls(*read_prompt_files(Path(model_dir)))
 
     def render(self, content: list[dict], text: str) -> str:
         """The chat template's text for one user turn: ``content`` (pictures), then ``text``."""
@@ -168,125 +155,6 @@ class PromptBuilder:
         return pieces
 
 
-class TextStream:
-    """Generated ids in, the answer's text out piece by piece, each piece final.
-
-    A byte-level token may hold part of a character, so the text of the ids so far can end in an
-    incomplete UTF-8 sequence (decoded as U+FFFD) that a later token completes. As tokenizers'
-    ``DecodeStream`` does, each step decodes only the ids since the last piece together with
-    that piece's ids, and gives new text only once it does not end in U+FFFD; the pieces, then
-    ``finish()``, add up to ``decode`` of all the ids.
-    """
-
-    def __init__(self, decode: Callable[[Sequence[int]], str]) -> None:
-        self._decode = decode
-        self._ids: list[int] = []
-        self._prefix = 0  # ids[_prefix:_read] made the last piece; everything before is shown
-        self._read = 0  # ids from here on are not shown yet
-
-    def step(self, token_id: int) -> str:
-        """The text that ``token_id`` makes final ("" while it may still change)."""
-        self._ids.append(token_id)
-        shown = self._decode(self._ids[self._prefix : self._read])
-        text = self._decode(self._ids[self._prefix :])
-        if len(text) <= len(shown) or text.endswith(REPLACEMENT_CHARACTER):
-            return ""
-        self._prefix, self._read = self._read, len(self._ids)
-        return text[len(shown) :]
-
-    def finish(self) -> str:
-        """What the last ids hold back at the end (an incomplete character decodes as U+FFFD)."""
-        shown = self._decode(self._ids[self._prefix : self._read])
-        rest = self._decode(self._ids[self._prefix :])[len(shown) :]
-        self._prefix = self._read = len(self._ids)
-        return rest
-
-
 @functools.lru_cache(maxsize=4)
 def _shared_builder(cls: type[PromptBuilder], model_dir: Path, stamp: tuple) -> PromptBuilder:
     return cls.load(model_dir)  # a failure raises and is not kept: the next call reads again
-
-
-def _files_stamp(model_dir: Path) -> tuple:
-    """Size and modification time of every file a builder reads, so an edited checkpoint is read
-    again rather than served from memory."""
-    stamp = []
-    for name in (TOKENIZER_FILE, GENERATION_CONFIG_FILE, *(name for name, _ in CHAT_TEMPLATE_SOURCES)):
-        try:
-            st = (model_dir / name).stat()
-        except OSError:
-            stamp.append((name, None))
-        else:
-            stamp.append((name, st.st_size, st.st_mtime_ns))
-    return tuple(stamp)
-
-
-def _load_tokenizer(path: Path) -> Tokenizer:
-    from tokenizers import Tokenizer
-
-    if not path.is_file():
-        raise ModelError(f"{path}: not found")
-    try:
-        return Tokenizer.from_file(str(path))
-    except Exception as e:  # tokenizers raises a bare Exception for malformed files
-        raise ModelError(f"{path}: cannot load tokenizer: {e}") from e
-
-
-def _require_token(tokenizer: Tokenizer, token: str, source: Path) -> int:
-    token_id = tokenizer.token_to_id(token)
-    if token_id is None:
-        raise ModelError(f"{source}: missing token {token} (not a Qwen3-VL tokenizer)")
-    return token_id
-
-
-def _find_chat_template(model_dir: Path) -> tuple[str, Path]:
-    for name, kind in CHAT_TEMPLATE_SOURCES:
-        path = model_dir / name
-        if not path.is_file():
-            continue
-        try:
-            text = path.read_text(encoding="utf-8")
-            template = text if kind == "raw" else json.loads(text).get("chat_template")
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as e:
-            raise ModelError(f"{path}: cannot read: {e}") from e
-        if isinstance(template, str):
-            return template, path
-        if template is not None:
-            raise ModelError(f"{path}: chat_template must be one string")
-    raise ModelError(f"{model_dir}: no chat template (looked in {', '.join(n for n, _ in CHAT_TEMPLATE_SOURCES)})")
-
-
-def _compile_template(source: str, path: Path) -> Any:
-    """Compile in a sandbox configured as transformers does (trim_blocks, lstrip_blocks, loop
-    controls, a non-escaping tojson, raise_exception)."""
-    import jinja2
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    def raise_exception(message: str) -> None:
-        raise jinja2.exceptions.TemplateError(message)
-
-    def tojson(
-        x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None, sort_keys: bool = False
-    ) -> str:
-        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
-    env.filters["tojson"] = tojson
-    env.globals["raise_exception"] = raise_exception
-    try:
-        return env.from_string(source)
-    except jinja2.exceptions.TemplateError as e:
-        raise ModelError(f"{path}: chat template does not compile: {e}") from e
-
-
-def _generation_eos_ids(path: Path) -> tuple[int, ...]:
-    """eos_token_id of generation_config.json (an int or a list); none when the file is absent."""
-    if not path.is_file():
-        return ()
-    eos = read_json_object(path, "generation config").get("eos_token_id")
-    if eos is None:
-        return ()
-    ids = eos if isinstance(eos, list) else [eos]
-    if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
-        raise ModelError(f"{path}: eos_token_id must be an id or a list of ids, got {eos!r}")
-    return tuple(ids)

@@ -115,9 +115,11 @@ def _check_files_agree(model_dir: Path, config, processor, builder) -> None:
     """The processor and tokenizer files come from the same checkpoint as config.json: the prompt
     holds as many image tokens per tile as the towers make, and they are the token the model
     replaces with image embeddings. A mixed folder would otherwise fail only after loading."""
-    from ffai_smolvlm.config import CONFIG_FILE, PROCESSORS, read_json_object
+    from ffai.checkpoint_json import read_json_object
+    from ffai.tokenizing import TOKENIZER_FILE
+    from ffai_smolvlm.config import CONFIG_FILE, PROCESSORS
     from ffai_smolvlm.preprocess import PROCESSOR_FILE
-    from ffai_smolvlm.prompt import IMAGE, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE
+    from ffai_smolvlm.prompt import IMAGE, TOKENIZER_CONFIG_FILE
 
     # Each generation's files name its processor; SmolVLM2's tokenizer config (its special tokens,
     # its vocabulary size) must not sit beside a SmolVLM config or the other way round.
