@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import torch
 
 from ffai.errors import EngineError
+from ffai.sampling import picker
 
 from .model import Qwen3VL, Visual
 from .rope import inv_freq, mrope_angles, rotary
@@ -90,35 +91,6 @@ def decode_n_tokens(
         logits = decode_one_token(model, token, slot + i, (cos[i : i + 1], sin[i : i + 1]), cache)
 
 
-def greedy(logits: torch.Tensor) -> torch.Tensor:
-    return logits.argmax(dim=-1)
-
-
-def sampler(temperature: float, top_k: int, top_p: float, generator: torch.Generator):
-    """Temperature, then top-k, then nucleus (top-p) filtering; draws from ``generator``."""
-
-    def pick(logits: torch.Tensor) -> torch.Tensor:
-        logits = logits.float() / temperature
-        if top_k > 0:
-            kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]
-            logits = logits.masked_fill(logits < kth, float("-inf"))
-        if top_p < 1.0:
-            sorted_logits, order = logits.sort(dim=-1, descending=True)
-            probs = sorted_logits.softmax(dim=-1)
-            drop = probs.cumsum(dim=-1) - probs >= top_p  # keep the smallest set reaching top_p
-            logits = logits.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
-        return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator)[:, 0]
-
-    return pick
-
-
-def _picker(options: DecodingOptions, device) -> Callable[[torch.Tensor], torch.Tensor]:
-    if options.temperature == 0:  # DecodingOptions allows no top-p/top-k then
-        return greedy
-    generator = torch.Generator(device=device).manual_seed(options.seed)
-    return sampler(options.temperature, options.top_k, options.top_p, generator)
-
-
 @torch.no_grad()
 def prompt_state(
     model: Qwen3VL, input_ids: torch.Tensor | Sequence[int], images: Visual | None, videos: Visual | None
@@ -148,7 +120,7 @@ def generate(
     limit = model.cfg.text.max_position_embeddings
     if prompt_len + n > limit:
         raise EngineError(f"prompt of {prompt_len} tokens + {n} new tokens exceeds the model's context of {limit}")
-    pick = _picker(options, model.device)
+    pick = picker(options, model.device)
     cache = model.text.reserve_cache(1, prompt_len + n)
     logits = prefill(model, x, positions, cache, deepstack)
     return decode_n_tokens(
