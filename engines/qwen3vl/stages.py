@@ -7,12 +7,14 @@ processes, threads or the CLI.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from ffai.engine import Answer, DecodingOptions, Request, RuntimeOptions
 from ffai.errors import UsageError
+from ffai.tokenizing import generate_streamed
 from ffai_qwen3vl.engine import check_presentation, processor_config, prompt_text
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -104,15 +106,7 @@ class TextDecoder:
         if on_text is None:
             ids = self.generate_ids(encoded)
         else:
-            stream = self.prompts.text_stream()
-
-            def on_token(token_id: int) -> None:
-                if piece := stream.step(token_id):
-                    on_text(piece)
-
-            ids = self.generate_ids(encoded, on_token)
-            if rest := stream.finish():
-                on_text(rest)
+            ids = generate_streamed(functools.partial(self.generate_ids, encoded), self.prompts.text_stream(), on_text)
         return Answer(self.prompts.decode(ids), tuple(ids))
 
     def generate_ids(self, encoded: Encoded, on_token: Callable[[int], None] | None = None) -> list[int]:

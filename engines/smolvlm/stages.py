@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from ffai.engine import Answer, DecodingOptions, Request, RuntimeOptions
+from ffai.tokenizing import generate_streamed
 from ffai_smolvlm.engine import prompt_text, window_presentation
 from ffai_smolvlm.loading import load_weights
 
@@ -109,15 +110,7 @@ class TextDecoder:
         if on_text is None:
             ids = self.generate_ids(encoded)
         else:
-            stream = self.prompts.text_stream()
-
-            def on_token(token_id: int) -> None:
-                if piece := stream.step(token_id):
-                    on_text(piece)
-
-            ids = self.generate_ids(encoded, on_token)
-            if rest := stream.finish():
-                on_text(rest)
+            ids = generate_streamed(functools.partial(self.generate_ids, encoded), self.prompts.text_stream(), on_text)
         return Answer(self.prompts.decode(ids), tuple(ids))
 
     def generate_ids(self, encoded: Encoded, on_token: Callable[[int], None] | None = None) -> list[int]:
