@@ -30,6 +30,27 @@ REPO = Path(__file__).resolve().parents[2]
 CACHE = REPO / ".cache" / "checkpoints"
 
 
+def reinit_(model, seed: int, std: float) -> None:
+    """Every tensor of a reference model drawn from one seeded generator: weights N(0, std), norm
+    weights 1 + N(0, std) (transformers' init leaves norms at 1 and biases at 0; random but not
+    degenerate logits keep greedy argmax free of ties). Engines' writers call it, and hash its
+    source into their fingerprint."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    norm_weights = {
+        f"{mod_name}.weight"
+        for mod_name, module in model.named_modules()
+        if isinstance(module, torch.nn.LayerNorm) or type(module).__name__.endswith("RMSNorm")
+    }
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            noise = torch.randn(param.shape, generator=gen, dtype=torch.float32) * std
+            if name in norm_weights:
+                noise += 1.0
+            param.copy_(noise.to(param.dtype))
+
+
 def _hooks(kind: str, engine: str):
     from ffai.bench.hooks import hooks_for
 

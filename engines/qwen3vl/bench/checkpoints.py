@@ -30,10 +30,12 @@ import copy
 import functools
 import hashlib
 import importlib.metadata
+import inspect
 import json
 import shutil
 from pathlib import Path
 
+from ffai.bench.checkpoints import reinit_
 from ffai.errors import ModelError
 
 ENGINE = "qwen3-vl"
@@ -102,24 +104,6 @@ def config_dict(kind: str) -> dict:
     return tiny
 
 
-def reinit_(model, seed: int, std: float = INIT_STD) -> None:
-    """Every tensor drawn from one seeded generator: weights N(0, std), norm weights 1 + N(0, std)."""
-    import torch
-
-    gen = torch.Generator().manual_seed(seed)
-    norm_weights = {
-        f"{name}.weight"
-        for name, module in model.named_modules()
-        if isinstance(module, torch.nn.LayerNorm) or type(module).__name__.endswith("RMSNorm")
-    }
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            noise = torch.randn(param.shape, generator=gen, dtype=torch.float32) * std
-            if name in norm_weights:
-                noise += 1.0
-            param.copy_(noise.to(param.dtype))
-
-
 def build_model(config: dict, seed: int, dtype: str = "float32"):
     """transformers' Qwen3VLForConditionalGeneration for a config.json dict, re-initialised."""
     import torch
@@ -127,7 +111,7 @@ def build_model(config: dict, seed: int, dtype: str = "float32"):
 
     torch.manual_seed(seed)
     model = Qwen3VLForConditionalGeneration(Qwen3VLConfig.from_dict(config)).float()
-    reinit_(model, seed)
+    reinit_(model, seed, INIT_STD)
     return model.to(getattr(torch, dtype)).eval()
 
 
@@ -150,6 +134,7 @@ def fingerprint(kind: str, seed: int = 0, dtype: str = "float32") -> str:
     """What ``write_checkpoint(kind, …, seed, dtype)`` writes depends on: this file, the config,
     the copied files, the seed, the dtype and the transformers version."""
     h = hashlib.sha256(Path(__file__).read_bytes())
+    h.update(inspect.getsource(reinit_).encode())  # the shared re-draw writes the weights
     h.update(json.dumps(config_dict(kind), sort_keys=True).encode())
     for name in COPIED_FILES:
         h.update((REFERENCE_DIR / name).read_bytes())

@@ -40,10 +40,12 @@ import copy
 import functools
 import hashlib
 import importlib.metadata
+import inspect
 import json
 import shutil
 from pathlib import Path
 
+from ffai.bench.checkpoints import reinit_
 from ffai.errors import ModelError
 
 REPO = Path(__file__).resolve().parents[3]  # engines/smolvlm/bench/ -> the source checkout
@@ -162,24 +164,6 @@ def processor_files(kind: str, config: dict) -> dict[str, dict]:
     return {"preprocessor_config.json": pre, "processor_config.json": proc}
 
 
-def reinit_(model, seed: int, std: float = INIT_STD) -> None:
-    """Every tensor drawn from one seeded generator: weights N(0, std), norm weights 1 + N(0, std)."""
-    import torch
-
-    gen = torch.Generator().manual_seed(seed)
-    norm_weights = {
-        f"{mod_name}.weight"
-        for mod_name, module in model.named_modules()
-        if isinstance(module, torch.nn.LayerNorm) or type(module).__name__.endswith("RMSNorm")
-    }
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            noise = torch.randn(param.shape, generator=gen, dtype=torch.float32) * std
-            if name in norm_weights:
-                noise += 1.0
-            param.copy_(noise.to(param.dtype))
-
-
 def build_model(config: dict, seed: int, dtype: str = "float32"):
     """transformers' Idefics3ForConditionalGeneration for a config.json dict, re-initialised."""
     import torch
@@ -191,7 +175,7 @@ def build_model(config: dict, seed: int, dtype: str = "float32"):
     torch.manual_seed(seed)
     # The hub config says torch_dtype bfloat16; build everything in float32, then cast once.
     model = model_class(config_class.from_dict(config)).float()
-    reinit_(model, seed)
+    reinit_(model, seed, INIT_STD)
     return model.to(getattr(torch, dtype)).eval()
 
 
@@ -217,6 +201,7 @@ def fingerprint(kind: str, seed: int = 0, dtype: str = "float32") -> str:
     """What ``write_checkpoint(kind, …, seed, dtype)`` writes depends on: this file (the writer),
     the config it builds, the seed, the dtype and the transformers version."""
     h = hashlib.sha256(Path(__file__).read_bytes())
+    h.update(inspect.getsource(reinit_).encode())  # the shared re-draw writes the weights
     h.update(json.dumps(config_dict(kind), sort_keys=True).encode())
     if kind in V2_KINDS:  # its files are copied, not derived from the config
         for name in ("preprocessor_config.json", "processor_config.json", *V2_FILES):
