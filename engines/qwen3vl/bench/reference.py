@@ -10,8 +10,8 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from ffai.bench import cases
-from ffai.engine import DecodingOptions
+from ffai.bench.transformers_arm import TransformersArm
+from ffai.engine import DecodingOptions, Request
 from ffai.errors import ModelError
 from ffai_qwen3vl.engine import check_presentation, processor_config, prompt_text
 
@@ -63,14 +63,7 @@ def reference_inputs(processor, model_dir: Path, images, times, span, options: D
     )
 
 
-class ReferenceArm:
-    name = "reference"
-
-    def __init__(self, model_dir: Path, cores: int) -> None:
-        self.model_dir = Path(model_dir)  # the reference is the float32 baseline whatever --dtype says
-        self.cores = cores
-        self.model = self.processor = None
-
+class ReferenceArm(TransformersArm):
     def load(self) -> None:
         try:
             import torch
@@ -79,34 +72,11 @@ class ReferenceArm:
             raise ModelError(MISSING_REFERENCE) from e
         # The same cores ffai plans its placement and threads for, all given to the one process.
         torch.set_num_threads(self.cores)
-        self.model = Qwen3VLForConditionalGeneration.from_pretrained(self.model_dir, dtype=torch.float32).eval()
-        self.processor = AutoProcessor.from_pretrained(self.model_dir)
-        eos = self.model.generation_config.eos_token_id
-        self.stop_ids = set(eos if isinstance(eos, list) else [eos])
+        model = Qwen3VLForConditionalGeneration.from_pretrained(self.model_dir, dtype=torch.float32).eval()
+        self.loaded(model, AutoProcessor.from_pretrained(self.model_dir))
 
-    def answer(self, item, options: DecodingOptions) -> tuple[list[int], str]:
-        import torch
-
-        request = item.request(options)
-        inputs = reference_inputs(self.processor, self.model_dir, request.images, request.times, request.span, options)
-        # Greedy whatever generation_config.json asks (it asks for sampling): ffai's rule.
-        budget = {"max_new_tokens": options.max_new_tokens, "do_sample": False}
-        if options.force_new_tokens:
-            budget["min_new_tokens"] = options.max_new_tokens
-        with torch.inference_mode():
-            out = self.model.generate(**inputs, **budget)
-        tokens = out[0, inputs["input_ids"].shape[1] :].tolist()
-        # transformers keeps the stop token that ended the answer; ffai leaves it out.
-        if tokens and tokens[-1] in self.stop_ids and not options.force_new_tokens:
-            tokens = tokens[:-1]
-        return tokens, self.processor.decode(tokens, skip_special_tokens=True)
-
-    def answer_all(self, items: list, options: list[DecodingOptions]) -> dict[str, tuple[list[int], str]]:
-        return {it.id: self.answer(it, o) for it, o in zip(items, options)}
-
-    def clip(self, path: Path) -> dict[str, list[int]]:
-        options = cases.decoding()
-        return {item.id: self.answer(item, options)[0] for item in cases.clip_items(path)}
+    def inputs(self, request: Request, options: DecodingOptions):
+        return reference_inputs(self.processor, self.model_dir, request.images, request.times, request.span, options)
 
     def info(self) -> dict:
         import torch
@@ -116,6 +86,3 @@ class ReferenceArm:
             "image_processor": type(self.processor.image_processor).__name__,
             "video_processor": type(self.processor.video_processor).__name__,
         }
-
-    def close(self) -> None:
-        self.model = self.processor = None
