@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ffai.attention import causal_attention
+
 from .config import TextConfig
 from .layers import FusedLinear, Linear, embedding_table
 
@@ -151,16 +153,7 @@ class Attention(nn.Module):
         return self.o_proj.forward(y)
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        t, end = q.shape[2], k.shape[2]
-        scale = self.head_dim**-0.5
-        gqa = self.n_heads != self.n_kv
-        if t == 1:  # one new token sees every cached position
-            return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=gqa)
-        if t == end:  # a prefill from position 0: plain causal
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
-        # A chunk after earlier positions: query i sits at end - t + i, causal mask aligned bottom-right.
-        mask = torch.ones(t, end, dtype=torch.bool, device=q.device).tril(diagonal=end - t)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
+        return causal_attention(q, k, v, self.head_dim**-0.5, self.n_heads != self.n_kv)
 
 
 class MLP(nn.Module):
