@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ffai.attention import causal_attention
+from ffai.rms_norm import RMSNorm
 
 from .config import TextConfig
 from .layers import Linear
@@ -52,25 +53,6 @@ class KVCache:
         self.k[layer][:, :, slot] = k
         self.v[layer][:, :, slot] = v
         return self.k[layer][:, :, : slot.stop], self.v[layer][:, :, : slot.stop]
-
-
-class RMSNorm(nn.Module):
-    """Follows ``Qwen3VLTextRMSNorm``."""
-
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.device.type == "cpu" and x.dtype == self.weight.dtype == torch.float32:
-            # On the CPU torch's rms_norm runs these very ops (pow, mean, + eps, rsqrt, two products)
-            # in C++: the same bits in one call (the oracle gates check it).
-            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
-        dtype = x.dtype
-        x = x.to(torch.float32)
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
 
 
 class Attention(nn.Module):

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ffai.attention import causal_attention
+from ffai.rms_norm import RMSNorm
 
 from .config import TextConfig
 from .layers import FusedLinear, Linear, embedding_table
@@ -71,27 +72,6 @@ class KVCache:
         self.k[layer][:, :, pos] = k
         self.v[layer][:, :, pos] = v
         return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
-
-
-class RMSNorm(nn.Module):
-    """Follows transformers' ``LlamaRMSNorm``."""
-
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.device.type == "cpu" and x.dtype == self.weight.dtype == torch.float32:
-            # On the CPU torch's rms_norm runs these very ops (pow, mean, + eps, rsqrt, two
-            # products) in C++: the same bits for a sixth of the Python calls, 61 norms a decode
-            # step (tests/test_smolvlm_fast_paths.py). On a GPU it is a fused kernel that rounds
-            # otherwise, so there, and for other dtypes, the reference's own steps.
-            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
-        dtype = x.dtype
-        x = x.to(torch.float32)
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
 
 
 def rope_cos_sin(pos: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
