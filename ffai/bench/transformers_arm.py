@@ -5,13 +5,14 @@ processor's inputs (``inputs``); nothing here imports transformers."""
 
 from __future__ import annotations
 
+import abc
 from pathlib import Path
 
 from ffai.bench import cases
 from ffai.engine import DecodingOptions, Request
 
 
-class TransformersArm:
+class TransformersArm(abc.ABC):
     name = "reference"
 
     def __init__(self, model_dir: Path, cores: int) -> None:
@@ -26,9 +27,9 @@ class TransformersArm:
         eos = model.generation_config.eos_token_id
         self.stop_ids = set(eos if isinstance(eos, list) else [eos])
 
+    @abc.abstractmethod
     def inputs(self, request: Request, options: DecodingOptions):
         """The processor's inputs for ``request``, shown as ffai shows it."""
-        raise NotImplementedError
 
     def answer(self, item, options: DecodingOptions) -> tuple[list[int], str]:
         import torch
