@@ -13,8 +13,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from ffai.opt_in_linears import PackedBf16Linear
 from ffai_smolvlm.layers import FusedLinear, linear
-from ffai_smolvlm.opt_in_linears import PackedBf16Linear
 from ffai_smolvlm.precision import plan_precision
 from ffai_smolvlm.text import apply_rope, rope_cos_sin
 from ffai_smolvlm.weights import load_model, model_tensor

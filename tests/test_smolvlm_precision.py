@@ -21,17 +21,17 @@ from ffai.cli import run
 from ffai.engine import DecodingOptions, Request, RuntimeOptions
 from ffai.errors import UsageError
 from ffai.inline import InlineEngine
-from ffai_smolvlm import kernels, precision
-from ffai_smolvlm.engine import ENGINE
-from ffai_smolvlm.generate import prefill
-from ffai_smolvlm.layers import FileEmbedding
-from ffai_smolvlm.opt_in_linears import (
+from ffai.opt_in_linears import (
     QUANTIZE_ROWS_BLOCK,
     PackedBf16Linear,
     QuantizedLinear,
     RowScaledLinear,
     quantize_rows,
 )
+from ffai_smolvlm import kernels, precision
+from ffai_smolvlm.engine import ENGINE
+from ffai_smolvlm.generate import prefill
+from ffai_smolvlm.layers import FileEmbedding
 from ffai_smolvlm.precision import (
     ATTENTION_BLOCK,
     BF16_ONEDNN,
@@ -535,7 +535,7 @@ def test_int8_linear_products_are_exact_on_either_engine(engine):
 
 EXACTNESS = """
 import json, torch
-from ffai_smolvlm.opt_in_linears import QuantizedLinear
+from ffai.opt_in_linears import QuantizedLinear
 gen = torch.Generator().manual_seed(5)
 x = torch.randint(-127, 128, (64, 512), generator=gen, dtype=torch.int8)
 w = torch.randint(-127, 128, (128, 512), generator=gen, dtype=torch.int8)

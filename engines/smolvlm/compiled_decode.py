@@ -40,8 +40,8 @@ from torch import nn
 
 from ffai import host, messages
 from ffai.models import ffai_home
+from ffai.opt_in_linears import RowScaledLinear
 
-from .opt_in_linears import RowScaledLinear
 from .text import DecoderLayer, KVCache, TextModel, apply_rope
 
 # Set to 1 to compile int8's decode step (docs/precision-and-speed.md, "Compiled decode").

@@ -2,7 +2,7 @@
 CPU's flags alone, so ``ffai engines`` can print them without importing torch.
 
 The precision plan (``precision.plan_precision``) takes its int8 linears from
-:func:`int8_linears` and builds their layers (``opt_in_linears``); :func:`report` says in words
+:func:`int8_linears` and builds their layers (``ffai.opt_in_linears``); :func:`report` says in words
 what the same rules choose. Each rule was measured on the CPU kinds docs/precision-and-speed.md
 names, with the figures in docs/benchmarks.md.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-# How a linear layer is held (PrecisionPlan.linear); the classes are in opt_in_linears.
+# How a linear layer is held (PrecisionPlan.linear); the classes are in ffai.opt_in_linears.
 PLAIN = "plain"  # layers.Linear / nn.Linear, in the plan's ``weights`` dtype
 INT8 = "int8"  # QuantizedLinear on fbgemm: int8 weight, a call's activations quantised by one range
 INT8_ONEDNN = "int8 oneDNN"  # QuantizedLinear packed for oneDNN's kernel (AMX-INT8 tiles)

@@ -28,11 +28,11 @@ import torch
 from torch import nn
 
 from ffai.errors import ModelError
+from ffai.opt_in_linears import PackedBf16Linear, QuantizedLinear, RowScaledLinear
 
 from .config import ModelConfig
 from .layers import FileEmbedding, FusedLinear
 from .model import PARTS, Idefics3
-from .opt_in_linears import PackedBf16Linear, QuantizedLinear, RowScaledLinear
 from .precision import BF16_ONEDNN, FLOAT32, INT8, INT8_BY_ROW, INT8_ONEDNN, PLAIN, PrecisionPlan, plan_precision
 
 SINGLE_FILE = "model.safetensors"

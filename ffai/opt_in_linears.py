@@ -2,7 +2,7 @@
 :class:`RowScaledLinear` by row) and bfloat16 reordered for oneDNN (:class:`PackedBf16Linear`).
 
 Which linear becomes which, and with what settings, is the precision plan's choice
-(``precision.plan_precision``); the loader builds these from the checkpoint's float weights as
+(each engine's precision plan, e.g. ``ffai_smolvlm.precision``); the loader builds these from the checkpoint's float weights as
 they are read, so no float copy stays resident.
 """
 
