@@ -117,13 +117,18 @@ def engines(as_json: AsJson = False) -> None:
         rows = [{**asdict(i), "fast_dtypes": fast, "kernels": kernels[i.name]} for i in infos]
         typer.echo(json.dumps(rows, indent=2, ensure_ascii=False))
         return
-    table = Table(title="ffai engines", caption=f"CPU: {cpu.describe()}; fast dtypes here: {', '.join(fast)}")
-    for column in ("name", "task", "status", "default model", "description"):
-        table.add_column(column, no_wrap=column in ("name", "default model"))
+    table = Table(title="ffai engines")
+    # Names and states in the table, one line each; the descriptions beneath it, wrapped to the
+    # terminal (in a column they would be one word wide on 80 columns).
+    for column in ("name", "task", "status", "default model"):
+        table.add_column(column, no_wrap=True)
     for i in infos:
-        table.add_row(i.name, i.task, i.status, i.default_model, i.description)
+        table.add_row(i.name, i.task, i.status, i.default_model)
     console = Console(highlight=False)
     console.print(table)
+    for i in infos:
+        console.print(f"{i.name}: {i.description}", markup=False)
+    console.print(f"CPU: {cpu.describe()}; fast dtypes here: {', '.join(fast)}", markup=False)
     for name, report in kernels.items():
         if report is None:
             continue
