@@ -123,9 +123,10 @@ def load(model_dir: Path, runtime: RuntimeOptions, part: str):
     """One part of the model ("vision" or "text") in ``runtime``'s dtype, on its device."""
     import torch
 
+    from ffai_qwen3vl.precision import device_for
     from ffai_qwen3vl.weights import load_model
 
-    device = runtime.device
+    device = device_for(runtime.dtype, runtime.device)
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     elif device == "cuda" and not torch.cuda.is_available():

@@ -29,7 +29,6 @@ from .model import PARTS, Qwen3VL
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 TIED_HEAD = "lm_head.weight"
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 # checkpoint name prefix -> module name prefix
 WEIGHT_PREFIXES = {
@@ -132,9 +131,10 @@ def plan_tensors(model_dir: Path, cfg: ModelConfig) -> dict[str, tuple[str, Path
 
 
 def low_precision(model: Qwen3VL) -> frozenset[str]:
-    """The parameters a ``--dtype`` other than float32 holds in that dtype: the linears' and the
-    patch embedding's, and the token embedding table (which the tied LM head shares). Norms, the
-    position table and so the residual streams stay float32 (``layers.Linear``)."""
+    """The parameters a ``--dtype`` other than float32 may hold in a lower dtype: the linears' and
+    the patch embedding's, and the token embedding table. Norms and the position table stay
+    float32, and so the residual streams (``layers.Linear``); ``precision.PrecisionPlan`` says
+    what each of these becomes."""
     kept = set()
     for name, module in model.named_modules():
         if isinstance(module, (nn.Linear, nn.Conv3d)) or name == "text.embed_tokens":
@@ -142,36 +142,75 @@ def low_precision(model: Qwen3VL) -> frozenset[str]:
     return frozenset(kept)
 
 
-def load_model(model_dir: Path | str, dtype: str = "float32", *, parts: tuple[str, ...] = PARTS) -> Qwen3VL:
-    """:class:`Qwen3VL` from a checkpoint folder, holding ``parts`` ("vision", "text"), its
-    ``low_precision`` parameters in ``dtype`` (float32: the exact path; bfloat16), the rest float32.
+def load_model(
+    model_dir: Path | str, dtype: str = "float32", *, parts: tuple[str, ...] = PARTS, precision=None
+) -> Qwen3VL:
+    """:class:`Qwen3VL` from a checkpoint folder, holding ``parts`` ("vision", "text") in ``dtype``
+    as ``precision`` says (a ``precision.PrecisionPlan``; default: ``plan_precision`` for this
+    machine's CPU): float32 is the exact path. Linears the plan makes int8 or packed bfloat16 are built from each tensor as it is
+    read, so no float32 copy of them stays resident.
 
     The whole checkpoint is checked either way, so a folder loads for one part exactly when it loads
     for both."""
+    from ffai.engine import DTYPES
+
     if dtype not in DTYPES:
         raise ModelError(f"dtype {dtype!r} is not supported by the Qwen3-VL engine (one of {', '.join(DTYPES)})")
     from safetensors import safe_open
 
+    from .precision import FLOAT32, PLAIN, build_linear, plan_precision
+
+    precision = plan_precision(dtype) if precision is None else precision
     model_dir = Path(model_dir)
     cfg = ModelConfig.from_dir(model_dir)
     plan = plan_tensors(model_dir, cfg)
     with torch.device("meta"):
         model = Qwen3VL(cfg, parts)
+    low = low_precision(model)
+    kinds = {n: precision.linear(n) for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+    built = {n for n, kind in kinds.items() if kind not in (PLAIN, FLOAT32)}
+
+    def dtype_of(param: str) -> torch.dtype:
+        module = param.rpartition(".")[0]
+        if param not in low or kinds.get(module) == FLOAT32:
+            return torch.float32
+        return precision.embeddings if module == "text.embed_tokens" else precision.weights
+
     wanted = {p: plan[p] for p, _ in model.named_parameters() if p in plan}
     by_file: dict[Path, list[tuple[str, str]]] = {}
     for param, (name, path) in wanted.items():
         by_file.setdefault(path, []).append((param, name))
-    low = low_precision(model)
-    state = {}
+    state, pending = {}, {}
     for path, items in by_file.items():
         with safe_open(str(path), framework="pt", device="cpu") as f:
             for param, name in items:
-                state[param] = f.get_tensor(name).to(DTYPES[dtype] if param in low else torch.float32)
+                module, _, leaf = param.rpartition(".")
+                if module not in built:
+                    state[param] = f.get_tensor(name).to(dtype_of(param))
+                    continue
+                pending.setdefault(module, {})[leaf] = f.get_tensor(name).to(torch.float32)
+                if _complete(model, module, pending[module]):  # build as soon as its tensors are read
+                    tensors = pending.pop(module)
+                    model.set_submodule(
+                        module, build_linear(kinds[module], tensors["weight"], tensors.get("bias"), precision)
+                    )
     tie = cfg.tie_word_embeddings and "text" in model.parts
-    if tie:
-        state["text.lm_head.weight"] = state["text.embed_tokens.weight"]
+    head = "text.lm_head"
+    if tie and head in built:  # the head gets its own copy, made from the table
+        model.set_submodule(head, build_linear(kinds[head], state["text.embed_tokens.weight"].float(), None, precision))
+        tie = False
+    elif tie and state["text.embed_tokens.weight"].dtype != dtype_of(f"{head}.weight"):
+        state[f"{head}.weight"] = state["text.embed_tokens.weight"].to(dtype_of(f"{head}.weight"))
+        tie = False
+    elif tie:
+        state[f"{head}.weight"] = state["text.embed_tokens.weight"]
     model.load_state_dict(state, strict=True, assign=True)
     state.clear()
     if tie:
         model.text.lm_head.weight = model.text.embed_tokens.weight  # assign=True made two Parameters
     return model.eval().requires_grad_(False)
+
+
+def _complete(model: Qwen3VL, module: str, tensors: dict) -> bool:
+    """Whether ``tensors`` hold every parameter of the (meta) linear ``module``."""
+    return "weight" in tensors and (model.get_submodule(module).bias is None or "bias" in tensors)

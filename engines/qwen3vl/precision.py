@@ -1,0 +1,149 @@
+"""What ``--dtype`` means for Qwen3-VL on a CPU, decided in one place: :func:`plan_precision`.
+
+A :class:`PrecisionPlan` says which layer each linear becomes (the classes of
+``ffai.opt_in_linears``), which parameters are held in the low dtype and which stay float32; the
+loader (``weights.load_model``) applies it as it reads the tensors, and nothing else branches on
+the dtype. ``ffai.host`` reports the CPU's flags; turning them into choices is this module's.
+The stage-by-stage probe behind each rule: docs/precision-and-speed.md (Qwen3-VL section).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import torch
+
+from ffai import host
+from ffai.engine import DTYPES
+from ffai.errors import UsageError
+
+# How a linear layer is held (PrecisionPlan.linear).
+PLAIN = "plain"  # layers.Linear in the plan's ``weights`` dtype
+FLOAT32 = "float32"  # layers.Linear in float32, whatever the plan's ``weights`` dtype
+BF16_ONEDNN = "bfloat16 oneDNN"  # PackedBf16Linear: the weight reordered once for oneDNN
+INT8 = "int8"  # QuantizedLinear on fbgemm: a call's activations quantised by one range
+INT8_ONEDNN = "int8 oneDNN"  # QuantizedLinear packed for oneDNN (AMX-INT8 tiles)
+INT8_BY_ROW = "int8 by row"  # RowScaledLinear: int8 weight, rows unquantised
+
+# int8 dot products summing u8 x s8 straight into 32 bits: activations may use all 8 bits
+# (AVX2's vpmaddubsw saturates in 16, so there they keep to 7).
+INT8_FULL_RANGE_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
+NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+
+VISION = r"visual\."
+# The patch mergers (main and DeepStack) take 4096 concatenated values a row: one shared
+# activation range loses the most there, as SmolVLM's connector did.
+MERGERS = r"visual\.(merger|deepstack_merger_list\.\d+)\."
+HEAD = r"text\.lm_head$"
+# Layers kept wider than the dtype: their rounding is carried through every later layer. Which
+# ones was measured stage by stage at the 2B shapes (docs/precision-and-speed.md).
+WIDE_VISION = r"visual\.blocks\.[0-3]\."
+WIDE_TEXT = r"text\.layers\.[0-3]\."
+# Without native bfloat16 only these int8 linears keep their rows unquantised (float32 rows):
+# the down projections' inputs span the widest ranges from token to token.
+INT8_BY_ROW_LAYERS = rf"text\.layers\.\d+\.mlp\.down_proj$|{MERGERS}"
+
+
+@dataclass(frozen=True)
+class PrecisionPlan:
+    """One load's precision, made by :func:`plan_precision`."""
+
+    dtype: str  # as asked, in ffai.engine.DTYPES' words
+    weights: torch.dtype  # the low-precision parameters' dtype (float32 for int8: its linears are made from it)
+    embeddings: torch.dtype  # the token embedding table's
+    linears: tuple[tuple[str, str], ...]  # (module-name pattern, kind), the first match wins; none: PLAIN
+    reduce_range: bool  # int8 activations quantised to 7 bits (QuantizedLinear)
+    rows_dtype: torch.dtype  # RowScaledLinear multiplies several rows in this dtype
+
+    def linear(self, name: str) -> str:
+        """The kind of layer the linear called ``name`` (``text.lm_head``, ...) becomes."""
+        return next((kind for pattern, kind in self.linears if re.match(pattern, name)), PLAIN)
+
+
+def plan_precision(dtype: str, cpu: host.CpuInfo | None = None) -> PrecisionPlan:
+    """The plan for a CPU load in ``dtype`` on a machine with ``cpu`` (default: this one's).
+
+    - float32: everything as the checkpoint has it; the exact path.
+    - bfloat16: every linear weight, the patch embedding and the embedding table (which the LM head
+      shares) in bfloat16 but the text tower's first four layers (float32); norms and so the
+      residual streams float32.
+      Where oneDNN multiplies bfloat16 natively each bfloat16 linear is reordered once for it.
+    - int8: every linear an int8 weight with one scale per output row but the first four layers
+      of each tower (bfloat16 where native, else float32). The vision blocks multiply int8 by
+      int8 (oneDNN's AMX-INT8 where present, fbgemm elsewhere); the mergers and the text tower
+      multiply bfloat16 rows by the int8 weight where bfloat16 is native (else only the mergers
+      and down projections, in float32 rows); the LM head is int8 x int8 on fbgemm."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    cpu = host.cpu_info() if cpu is None else cpu
+    # Both torch and the flags must say so: on a real CPU they agree; a plan for another CPU's
+    # flags (tests) then gets that CPU's recipe.
+    bf16 = onednn_bf16() and bool(cpu.flags & NATIVE_BF16_FLAGS)
+    if dtype == "int8":
+        linears = int8_linears(cpu.flags, bf16)
+    elif dtype == "bfloat16":
+        linears = ((WIDE_TEXT, FLOAT32), (r".", BF16_ONEDNN)) if bf16 else ((WIDE_TEXT, FLOAT32),)
+    else:
+        linears = ()
+    return PrecisionPlan(
+        dtype=dtype,
+        weights=torch.bfloat16 if dtype == "bfloat16" else torch.float32,
+        # bfloat16: the table in bfloat16 and the LM head tied to it, as the checkpoint ties them (a
+        # float32 table lifted the logits' cosine by 0.00007 only, for 0.6 GB at 2B); int8's head
+        # has its own int8 copy, so its table stays float32 and the prompt's rows exact.
+        embeddings=torch.bfloat16 if dtype == "bfloat16" else torch.float32,
+        linears=linears,
+        reduce_range=not cpu.flags & INT8_FULL_RANGE_FLAGS,
+        rows_dtype=torch.bfloat16 if bf16 else torch.float32,
+    )
+
+
+def int8_linears(flags: frozenset[str], bf16: bool) -> tuple[tuple[str, str], ...]:
+    """int8's (module-name pattern, kind) on a CPU with ``flags`` (``bf16``: oneDNN multiplies
+    bfloat16 natively), the first match winning."""
+    wide = BF16_ONEDNN if bf16 else FLOAT32
+    tile = INT8_ONEDNN if "amx_int8" in flags else INT8
+    if bf16:
+        return (
+            (WIDE_VISION, wide),
+            (WIDE_TEXT, wide),
+            (MERGERS, INT8_BY_ROW),
+            (VISION, tile),
+            (HEAD, INT8),
+            (r".", INT8_BY_ROW),
+        )
+    return ((WIDE_VISION, wide), (WIDE_TEXT, wide), (INT8_BY_ROW_LAYERS, INT8_BY_ROW), (VISION, tile), (r".", INT8))
+
+
+def build_linear(kind: str, weight: torch.Tensor, bias: torch.Tensor | None, plan: PrecisionPlan):
+    """The layer of ``kind`` for a float ``weight`` (out, in) and ``bias`` (None for PLAIN/FLOAT32:
+    the loader keeps those as ``layers.Linear``)."""
+    from ffai.opt_in_linears import PackedBf16Linear, QuantizedLinear, RowScaledLinear
+
+    if kind == BF16_ONEDNN:
+        return PackedBf16Linear(weight, bias)
+    if kind in (INT8, INT8_ONEDNN):
+        engine = "onednn" if kind == INT8_ONEDNN else "fbgemm"
+        return QuantizedLinear(weight, bias, reduce_range=plan.reduce_range, engine=engine)
+    if kind == INT8_BY_ROW:
+        int_mm = not plan.reduce_range  # torch._int_mm's int32 sums are exact only with VNNI/AMX
+        return RowScaledLinear(weight, bias, rows_dtype=plan.rows_dtype, int_mm=int_mm)
+    return None
+
+
+def device_for(dtype: str, device: str) -> str:
+    """The torch device a load in ``dtype`` runs on: int8's kernels are the CPU's only."""
+    if dtype == "int8" and device.startswith("cuda"):
+        raise UsageError("--dtype int8 runs on the CPU only; use --device cpu or another --dtype")
+    return "cpu" if dtype == "int8" else device
+
+
+def onednn_bf16() -> bool:
+    """Whether oneDNN multiplies bfloat16 natively on this CPU (AVX512_BF16 or AMX)."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
