@@ -55,6 +55,7 @@ class PrecisionPlan:
     linears: tuple[tuple[str, str], ...]  # (module-name pattern, kind), the first match wins; none: PLAIN
     reduce_range: bool  # int8 activations quantised to 7 bits (QuantizedLinear)
     rows_dtype: torch.dtype  # RowScaledLinear multiplies several rows in this dtype
+    vision_attention: torch.dtype | None  # the vision tower's SDPA dtype (None: its activations', float32)
 
     def linear(self, name: str) -> str:
         """The kind of layer the linear called ``name`` (``text.lm_head``, ...) becomes."""
@@ -96,6 +97,10 @@ def plan_precision(dtype: str, cpu: host.CpuInfo | None = None) -> PrecisionPlan
         linears=linears,
         reduce_range=not cpu.flags & INT8_FULL_RANGE_FLAGS,
         rows_dtype=torch.bfloat16 if bf16 else torch.float32,
+        # A still's patches attend as one segment (12 288 rows at 2B's default budget): float32
+        # SDPA was the largest share of its vision tower; torch's bfloat16 flash attention is fast
+        # where oneDNN has AMX-BF16 tiles (SmolVLM measured it no faster on AVX512_BF16 alone).
+        vision_attention=torch.bfloat16 if dtype != "float32" and "amx_bf16" in cpu.flags and bf16 else None,
     )
 
 

@@ -91,11 +91,13 @@ class Attention(nn.Module):
         self.heads, self.head_dim = cfg.num_heads, cfg.head_dim
         self.qkv = Linear(cfg.hidden_size, 3 * cfg.hidden_size, bias=True)
         self.proj = Linear(cfg.hidden_size, cfg.hidden_size, bias=True)
+        self.attention_dtype: torch.dtype | None = None  # None: the activations'; else the precision plan's
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], lengths: list[int]) -> torch.Tensor:
         n = x.shape[0]
         q, k, v = self.qkv(x).reshape(n, 3, self.heads, -1).permute(1, 0, 2, 3).unbind(0)  # (N, H, hd) each
         cos, sin = rope  # (N, 1, hd)
+        v = v.to(self.attention_dtype or v.dtype)
         q = apply_rope(q.float(), cos, sin).to(v.dtype)
         k = apply_rope(k.float(), cos, sin).to(v.dtype)
         q, k, v = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))  # (1, H, N, hd)
@@ -105,7 +107,7 @@ class Attention(nn.Module):
             for qs, ks, vs in zip(q.split(lengths, dim=2), k.split(lengths, dim=2), v.split(lengths, dim=2))
         ]
         y = torch.cat(outs, dim=1).reshape(n, -1)  # (N, D)
-        return self.proj(y)
+        return self.proj(y.to(x.dtype))
 
 
 class MLP(nn.Module):

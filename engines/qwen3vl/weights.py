@@ -206,6 +206,9 @@ def load_model(
         state[f"{head}.weight"] = state["text.embed_tokens.weight"]
     model.load_state_dict(state, strict=True, assign=True)
     state.clear()
+    if model.visual is not None:
+        for block in model.visual.blocks:
+            block.attn.attention_dtype = precision.vision_attention
     if tie:
         model.text.lm_head.weight = model.text.embed_tokens.weight  # assign=True made two Parameters
     return model.eval().requires_grad_(False)

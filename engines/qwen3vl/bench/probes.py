@@ -54,10 +54,23 @@ def prefill_logits(model: "InlineEngine", encoded) -> "torch.Tensor":
 
 
 def features_and_logits(model: "InlineEngine", request: Request) -> tuple["torch.Tensor", "torch.Tensor"]:
-    """(n_visual_tokens, D) the vision tower's merged output, one row per visual token, and the
-    (vocab,) prefill logits."""
+    """The vision tower's outputs as the agreement gate's tiles, and the (vocab,) prefill logits.
+
+    A tile is one picture (a still, or a frame pair of a clip) in one output: the merged visual
+    tokens, then each DeepStack feature, (tokens, D) each, stacked (4 x pictures, tokens, D), so
+    every output the text tower takes is gated, each picture on its own as SmolVLM's tiles are."""
+    import torch
+
     encoded = model.through(request, "vision")
-    return encoded.visual.embeds, prefill_logits(model, encoded)
+    visual = encoded.visual
+    counts = (visual.grid_thw.prod(-1) // model["vision"].net.cfg.vision.merge_unit).tolist()
+    tiles = []
+    for output in (visual.embeds, *visual.deepstack):
+        for rows, frames in zip(output.split(counts), visual.grid_thw[:, 0].tolist()):
+            tiles += list(rows.chunk(frames))
+    if len({t.shape for t in tiles}) != 1:  # pictures of different sizes: one tile per output
+        tiles = [visual.embeds, *visual.deepstack]
+    return torch.stack(tiles), prefill_logits(model, encoded)
 
 
 def timed_tokens(model: "InlineEngine", request: Request) -> tuple[list[int], float, list[float]]:
