@@ -172,6 +172,10 @@ class PackedBf16Linear(nn.Module):
     product of a decode step, which torch sends to a slow bfloat16 matrix-vector path.
     """
 
+    # It computes in bfloat16 whatever it is given: a caller holding bfloat16 rows may pass them
+    # and take bfloat16 back, the same values without the round trip through float32.
+    computes_in_bfloat16 = True
+
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, parts: tuple[int, ...] = ()) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape
@@ -184,6 +188,14 @@ class PackedBf16Linear(nn.Module):
         rows = x.reshape(-1, self.in_features).to(torch.bfloat16)
         y = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "none", [], "")
         return y.view(*x.shape[:-1], self.out_features).to(x.dtype)
+
+    def gelu_tanh(self, x: torch.Tensor) -> torch.Tensor:
+        """GELU (tanh approximation) of this layer's output, fused into oneDNN's matmul as a
+        post-op on its float32 sums, returned in bfloat16 for the next packed layer: no
+        separate GELU pass over the activations and no cast in and out of float32 around it."""
+        rows = x.reshape(-1, self.in_features).to(torch.bfloat16)
+        y = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "gelu", [], "tanh")
+        return y.view(*x.shape[:-1], self.out_features)
 
     def dense_weight(self) -> torch.Tensor:
         """The weight as a plain (out, in) bfloat16 tensor (a copy, for checks)."""
