@@ -143,3 +143,20 @@ def test_a_url_is_decoded_on_the_cluster_and_a_pipe_is_refused(backend, tmp_path
     with pytest.raises(FfaiError) as caught:  # the run's only input: its error is the run's
         caption_corpus([str(fifo)], tmp_path / "ray", OPTIONS, backend)
     assert str(caught.value) == f"{fifo}: stdin and pipes are read on this machine, not on Ray"
+
+
+def test_qwen3vl_on_ray_writes_the_local_track(backend, tmp_path):  # backend: Ray is up
+    """The second engine on the cluster: its actor loads the tiny Qwen3-VL checkpoint and gives
+    the track a run here gives, byte for byte."""
+    from ffai.engine import DecodingOptions
+    from ffai_qwen3vl.bench.checkpoints import cached_checkpoint
+
+    decoding = DecodingOptions(max_new_tokens=6)
+    options = CaptionOptions(model=str(cached_checkpoint("tiny")), fps=2, window=2, duration=2.0, decoding=decoding)
+    ray_backend = functools.partial(RayBackend, resources=RayResources(actors=1, cpus_per_actor=0.5))
+    tracks = {}
+    for arm, make_backend in (("local", None), ("ray", ray_backend)):
+        (tmp_path / arm).mkdir()
+        assert caption_corpus([str(DEMO_CLIP)], tmp_path / arm, options, make_backend) == (0, [])
+        tracks[arm] = read_tracks(tmp_path / arm)
+    assert tracks["ray"] == tracks["local"] and len(json.loads(tracks["ray"]["demo_clip.json"])["cues"]) == 2
