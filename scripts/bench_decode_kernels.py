@@ -1,7 +1,7 @@
 """One-row (decode) products of SmolVLM-256M's text linears by each kernel torch offers, over a
 step's worth of weights, all kernels timed in turn in one process.
 
-    python scripts/bench_decode_kernels.py [--threads 1] [--repeats 15]
+    python scripts/bench_decode_kernels.py [--threads 1] [--repeats 15] [--inductor]
 
 For each shape, ``--layers`` copies of a random int8 weight (30: the text tower's layers) are
 multiplied by one row, one copy after the other, so the weights are read as a decode step reads
@@ -12,7 +12,10 @@ Kernels: ``torch._weight_int8pack_mm`` (int8 weight x bfloat16 row: what ``RowSc
 for a decode row where the CPU has native bfloat16), fbgemm's dynamic int8 linear (the row
 quantised to 8 bits with a zero point: ``QuantizedLinear``), ``torch._int_mm`` (the row quantised
 symmetric to int8 by its own range: ``RowScaledLinear`` without native bfloat16), and oneDNN's
-bfloat16 linear on a reordered weight (``PackedBf16Linear``). Prints ms per shape for all copies.
+bfloat16 linear on a reordered weight (``PackedBf16Linear``); with ``--inductor`` also
+``torch._weight_int8pack_mm`` compiled by inductor with freezing and max-autotune (the weights
+constants, so its C++ GEMM template, AMX or AVX-512 micro-kernels, competes with the aten kernel;
+minutes of compiling per shape). Prints ms per shape for all copies.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import statistics
 import sys
 import time
 
-ARMS = ("int8pack", "fbgemm", "_int_mm", "bf16 oneDNN")
+ARMS = ("int8pack", "fbgemm", "_int_mm", "bf16 oneDNN", "inductor WOQ")
 
 
 def main() -> int:
@@ -30,6 +33,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--layers", type=int, default=30)
+    parser.add_argument("--inductor", action="store_true", help="add inductor's frozen max-autotune int8 arm")
     args = parser.parse_args()
 
     import torch
@@ -40,14 +44,15 @@ def main() -> int:
     shapes |= {"gate/up 576->3072": (3072, 576, args.layers), "down 1536->576": (576, 1536, args.layers)}
     shapes["LM head 576->49280"] = (49280, 576, 1)
     print(f"torch {torch.__version__}, {args.threads} thread(s), ms for all copies (median of {args.repeats})")
-    print(f"{'shape':<22}{'copies':>7}" + "".join(f"{a:>12}" for a in ARMS))
+    arms = ARMS if args.inductor else ARMS[:-1]
+    print(f"{'shape':<22}{'copies':>7}" + "".join(f"{a:>14}" for a in arms))
     for name, (n, k, copies) in shapes.items():
-        ms = time_shape(n, k, copies, args.repeats)
-        print(f"{name:<22}{copies:>7}" + "".join(f"{v:>12.2f}" for v in ms), flush=True)
+        ms = time_shape(n, k, copies, args.repeats, args.inductor)
+        print(f"{name:<22}{copies:>7}" + "".join(f"{v:>14.2f}" for v in ms), flush=True)
     return 0
 
 
-def time_shape(n: int, k: int, copies: int, repeats: int) -> list[float]:
+def time_shape(n: int, k: int, copies: int, repeats: int, inductor: bool) -> list[float]:
     """Median ms of each kernel over ``copies`` (n, k) weights, kernels timed in turn."""
     import torch
 
@@ -79,7 +84,9 @@ def time_shape(n: int, k: int, copies: int, repeats: int) -> list[float]:
         for w in bf16:
             torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16), w, None, "none", [], "")
 
-    arms = (int8pack, fbgemm_dynamic, int_mm, onednn_bf16)
+    arms = [int8pack, fbgemm_dynamic, int_mm, onednn_bf16]
+    if inductor:
+        arms.append(compiled_int8pack(int8, scales, unit, x))
     for arm in arms:
         arm()
     walls: dict = {arm: [] for arm in arms}
@@ -89,6 +96,40 @@ def time_shape(n: int, k: int, copies: int, repeats: int) -> list[float]:
             arm()
             walls[arm].append(time.perf_counter() - start)
     return [1e3 * statistics.median(walls[arm]) for arm in arms]
+
+
+def compiled_int8pack(int8: list, scales: list, unit, x):
+    """``int8pack``'s products as one frozen program compiled with max-autotune; checked against
+    the aten kernel's sums before it is timed."""
+    import torch
+    from torch import nn
+
+    class Copies(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            for i, (w, s) in enumerate(zip(int8, scales)):
+                self.register_buffer(f"w{i}", w)
+                self.register_buffer(f"s{i}", s)
+            self.register_buffer("unit", unit)
+
+        def forward(self, row):
+            rows = row.to(torch.bfloat16)
+            ws = [getattr(self, f"w{i}") for i in range(len(int8))]
+            ss = [getattr(self, f"s{i}") for i in range(len(int8))]
+            return [torch._weight_int8pack_mm(rows, w, self.unit).float() * s for w, s in zip(ws, ss)]
+
+    module = Copies().eval()
+    options = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}
+    step = torch.compile(module, fullgraph=True, options=options)
+    with torch.no_grad():
+        for got, want in zip(step(x), module(x)):
+            torch.testing.assert_close(got, want, rtol=2e-2, atol=1e-3)
+
+    def inductor_woq():
+        with torch.no_grad():
+            step(x)
+
+    return inductor_woq
 
 
 if __name__ == "__main__":
