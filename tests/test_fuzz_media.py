@@ -226,8 +226,11 @@ def test_a_child_the_machine_keeps_waiting_is_slow_not_hung(samples):
 
 
 def caption(checkpoint: Path, inputs: list[Path], quiet: bool = True, env: dict | None = None):
-    """``ffai caption -i F... --fps 1 --window 2 --max-frames 4 -f jsonl -o - -q`` on the tiny checkpoint."""
+    """``ffai caption -i F... --fps 1 --window 2 --max-frames 4 -f jsonl -o - -q`` on the tiny checkpoint.
+    Two tokens a cue: what these tests check is how each input ends, not what the model says, and
+    the default 64 would decode ~60 cues' worth of text for nothing."""
     cmd = [sys.executable, "-m", "ffai", "caption", "--fps", "1", "--window", "2", "--max-frames", "4"]
+    cmd += ["--max-new-tokens", "2"]
     cmd += ["-f", "jsonl", "-o", "-", "--model", str(checkpoint), "--no-progress"] + (["-q"] if quiet else [])
     for path in inputs:
         cmd += ["-i", str(path)]
