@@ -87,7 +87,7 @@ def test_bfloat16_and_float32_plans():
         amx = kinds("bfloat16", SAPPHIRE_RAPIDS)
         assert amx[Q_EARLY] == FLOAT32 and {amx[n] for n in (QKV, PROJ_EARLY, Q, HEAD)} == {BF16_ONEDNN}
     assert set(kinds("float32", SAPPHIRE_RAPIDS).values()) == {PLAIN}
-    assert plan_precision("int8").embeddings == torch.float32  # int8's head has its own copy
+    assert plan_precision("int8").embeddings == torch.bfloat16  # int8's head has its own copy
 
 
 def test_int8_on_cuda_is_refused_in_one_line():

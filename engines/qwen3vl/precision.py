@@ -74,7 +74,8 @@ def plan_precision(dtype: str, cpu: host.CpuInfo | None = None) -> PrecisionPlan
       of each tower (bfloat16 where native, else float32). The vision blocks multiply int8 by
       int8 (oneDNN's AMX-INT8 where present, fbgemm elsewhere); the mergers and the text tower
       multiply bfloat16 rows by the int8 weight where bfloat16 is native (else only the mergers
-      and down projections, in float32 rows); the LM head is int8 x int8 on fbgemm."""
+      and down projections, in float32 rows); the LM head is int8 x int8 on fbgemm (its own copy),
+      the embedding table bfloat16."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
     cpu = host.cpu_info() if cpu is None else cpu
@@ -90,10 +91,9 @@ def plan_precision(dtype: str, cpu: host.CpuInfo | None = None) -> PrecisionPlan
     return PrecisionPlan(
         dtype=dtype,
         weights=torch.bfloat16 if dtype == "bfloat16" else torch.float32,
-        # bfloat16: the table in bfloat16 and the LM head tied to it, as the checkpoint ties them (a
-        # float32 table lifted the logits' cosine by 0.00007 only, for 0.6 GB at 2B); int8's head
-        # has its own int8 copy, so its table stays float32 and the prompt's rows exact.
-        embeddings=torch.bfloat16 if dtype == "bfloat16" else torch.float32,
+        # The table in bfloat16 in both: a float32 one lifted bfloat16's logits cosine by 0.00007
+        # only, for 0.6 GB at 2B that int8's peak RSS target (half float32's) needs.
+        embeddings=torch.float32 if dtype == "float32" else torch.bfloat16,
         linears=linears,
         reduce_range=not cpu.flags & INT8_FULL_RANGE_FLAGS,
         rows_dtype=torch.bfloat16 if bf16 else torch.float32,

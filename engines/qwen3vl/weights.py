@@ -180,13 +180,18 @@ def load_model(
     by_file: dict[Path, list[tuple[str, str]]] = {}
     for param, (name, path) in wanted.items():
         by_file.setdefault(path, []).append((param, name))
+    tie = cfg.tie_word_embeddings and "text" in model.parts
+    head, table = "text.lm_head", "text.embed_tokens.weight"
     state, pending = {}, {}
     for path, items in by_file.items():
         with safe_open(str(path), framework="pt", device="cpu") as f:
             for param, name in items:
                 module, _, leaf = param.rpartition(".")
                 if module not in built:
-                    state[param] = f.get_tensor(name).to(dtype_of(param))
+                    tensor = f.get_tensor(name)
+                    if param == table and tie and head in built:  # the head's own copy, from the file's values
+                        model.set_submodule(head, build_linear(kinds[head], tensor.float(), None, precision))
+                    state[param] = tensor.to(dtype_of(param))
                     continue
                 pending.setdefault(module, {})[leaf] = f.get_tensor(name).to(torch.float32)
                 if _complete(model, module, pending[module]):  # build as soon as its tensors are read
@@ -194,16 +199,13 @@ def load_model(
                     model.set_submodule(
                         module, build_linear(kinds[module], tensors["weight"], tensors.get("bias"), precision)
                     )
-    tie = cfg.tie_word_embeddings and "text" in model.parts
-    head = "text.lm_head"
-    if tie and head in built:  # the head gets its own copy, made from the table
-        model.set_submodule(head, build_linear(kinds[head], state["text.embed_tokens.weight"].float(), None, precision))
+    if tie and head in built:
         tie = False
-    elif tie and state["text.embed_tokens.weight"].dtype != dtype_of(f"{head}.weight"):
-        state[f"{head}.weight"] = state["text.embed_tokens.weight"].to(dtype_of(f"{head}.weight"))
+    elif tie and state[table].dtype != dtype_of(f"{head}.weight"):
+        state[f"{head}.weight"] = state[table].to(dtype_of(f"{head}.weight"))
         tie = False
     elif tie:
-        state[f"{head}.weight"] = state["text.embed_tokens.weight"]
+        state[f"{head}.weight"] = state[table]
     model.load_state_dict(state, strict=True, assign=True)
     state.clear()
     if model.visual is not None:
