@@ -9,12 +9,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from cpu_samples import AVX2_ONLY, EPYC_ZEN4, SAPPHIRE_RAPIDS
+from ffai import host
 from ffai.opt_in_linears import PackedBf16Linear
+from ffai_smolvlm import kernels
 from ffai_smolvlm.config import VisionConfig
 from ffai_smolvlm.precision import Attention, onednn_bf16
 from ffai_smolvlm.vision import VisionAttention, VisionMLP
 
-pytestmark = pytest.mark.skipif(not onednn_bf16(), reason="oneDNN has no native bfloat16 on this CPU")
+native_bf16 = pytest.mark.skipif(not onednn_bf16(), reason="oneDNN has no native bfloat16 on this CPU")
 
 CFG = VisionConfig(
     hidden_size=64,
@@ -33,6 +36,7 @@ def packed(layer: torch.nn.Linear) -> PackedBf16Linear:
     return PackedBf16Linear(layer.weight, layer.bias)
 
 
+@native_bf16
 def test_a_packed_layer_gives_the_same_values_for_bfloat16_rows():
     torch.manual_seed(0)
     layer = packed(torch.nn.Linear(64, 96))
@@ -42,6 +46,7 @@ def test_a_packed_layer_gives_the_same_values_for_bfloat16_rows():
     assert torch.equal(y.float(), layer(x))  # the float32 round trip changed nothing
 
 
+@native_bf16
 def test_the_fused_gelu_is_gelu_of_the_float32_sums():
     """oneDNN's post-op takes the float32 sums before they round to bfloat16: closer to the
     exact GELU than a GELU of the rounded product."""
@@ -60,6 +65,7 @@ def test_the_fused_gelu_is_gelu_of_the_float32_sums():
     assert float(err.mean()) < float((rounded_first - exact).abs().mean())
 
 
+@native_bf16
 def test_the_vision_mlp_fuses_the_gelu_of_a_packed_fc1():
     torch.manual_seed(2)
     mlp = VisionMLP(CFG)
@@ -71,6 +77,7 @@ def test_the_vision_mlp_fuses_the_gelu_of_a_packed_fc1():
     assert F.cosine_similarity(y.float().flatten(), long_way.flatten(), dim=0) > 0.9999
 
 
+@native_bf16
 @pytest.mark.parametrize("stream", [torch.float32, torch.bfloat16])
 def test_vision_attention_skips_the_float32_round_trip_exactly(stream):
     """int8's stream is float32, bfloat16's bfloat16; either way packed q/k/v and out
@@ -86,3 +93,11 @@ def test_vision_attention_skips_the_float32_round_trip_exactly(stream):
         layer.computes_in_bfloat16 = False  # the long way: float32 out, bfloat16 in again
     assert y.dtype == stream
     assert torch.equal(y, attention(x, mask))
+
+
+def test_ffai_engines_names_the_fused_gelu_where_bfloat16_is_native():
+    for text in (SAPPHIRE_RAPIDS, EPYC_ZEN4, AVX2_ONLY):
+        flags = host.parse_cpuinfo(text).flags
+        report = kernels.report(flags)
+        named = [g for dtype in ("int8", "bfloat16") for g in report[dtype] if kernels.FUSED_GELU in g["kernel"]]
+        assert len(named) == (2 if kernels.native_bf16_flags(flags) else 0), text

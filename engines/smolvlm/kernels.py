@@ -37,6 +37,8 @@ HEAD = r"text\.lm_head$"
 # input (silu(gate) * up) spans far wider ranges from token to token than any other layer's,
 # and the connector, whose 12288 inputs lose the most to one shared range.
 INT8_BY_ROW_LAYERS = r"text\.layers\.\d+\.mlp\.down_proj$|connector\.modality_projection\.proj$"
+# PackedBf16Linear.gelu_tanh: a vision MLP's GELU as oneDNN's post-op on the float32 sums.
+FUSED_GELU = "vision fc1 with its GELU fused"
 LABELS = {
     WIDE_LAYERS: "first 4 layers of each tower",
     VISION: "vision tower",
@@ -84,8 +86,12 @@ class Kernel(NamedTuple):
 
 def _int8_kernel(kind: str, flags: frozenset[str], bf16: bool) -> tuple[str, str]:
     if kind in (BF16_ONEDNN, FLOAT32):
-        weights = "bfloat16 on oneDNN" if kind == BF16_ONEDNN else "float32, torch's default"
-        return f"{weights}, not int8", "their rounding grows through every later layer: most of the logits' loss"
+        weights = (
+            f"bfloat16 on oneDNN, not int8; {FUSED_GELU}"
+            if kind == BF16_ONEDNN
+            else "float32, torch's default, not int8"
+        )
+        return weights, "their rounding grows through every later layer: most of the logits' loss"
     bits = "8-bit" if flags & INT8_FULL_RANGE_FLAGS else "7-bit (16-bit sums saturate)"
     if kind == INT8_ONEDNN:
         return f"int8 x int8 on oneDNN, {bits} activations per call", "AMX-INT8 tiles: about 3x fbgemm on a tile"
@@ -119,7 +125,7 @@ def report(flags: frozenset[str]) -> dict[str, list[dict[str, str]]]:
     int8 = [Kernel(LABELS.get(p, rest), *_int8_kernel(k, flags, bf16)) for p, k in int8_linears(flags, bf16)]
     if bf16:
         amx = " (AMX)" if "amx_bf16" in flags else ""
-        bf = Kernel("other linears", f"bfloat16 on oneDNN{amx}, weight reordered once", "native bfloat16")
+        bf = Kernel("other linears", f"bfloat16 on oneDNN{amx}, weight reordered once; {FUSED_GELU}", "native bfloat16")
     else:
         bf = Kernel("other linears", "bfloat16, torch's default", "no native bfloat16: slower than float32 here")
     wide = Kernel("first 4 text layers", "float32, torch's default", "the prefill logits' margin over the gate")

@@ -1,0 +1,98 @@
+"""Checks the kernel rules (engines/smolvlm/kernels.py) against this CPU: each of torch's
+candidate kernels timed on SmolVLM2-256M-Video's linear shapes, by shape class (a tile's 1024
+rows, a prefill's rows, one decode row), beside the kind the int8 and bfloat16 plans choose here.
+
+    python scripts/probe_kernels.py [--threads 1] [--repeats 20] [--prefill-rows 900]
+
+ffai picks kernels by rules of the CPU's flags rather than by timing at run time: a rule gives
+the same kernels, so the same rounding, on every machine of a kind, and timings on a shared
+machine move by tens of percent from minute to minute. This script is how a rule is checked on
+a new CPU kind; figures go to docs/benchmarks.md with the CPU's model and flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+import torch.nn.functional as F
+
+from ffai import host
+from ffai.opt_in_linears import PackedBf16Linear, QuantizedLinear, RowScaledLinear
+from ffai_smolvlm import kernels
+from ffai_smolvlm.precision import onednn_bf16, plan_precision
+
+# (layer name as the plan knows it, in, out) for each shape class's rows.
+VISION = (
+    ("vision.layers.4.self_attn.qkv", 768, 2304),
+    ("vision.layers.4.self_attn.out_proj", 768, 768),
+    ("vision.layers.4.mlp.fc1", 768, 3072),
+    ("vision.layers.4.mlp.fc2", 3072, 768),
+)
+TEXT = (
+    ("text.layers.4.self_attn.qkv", 576, 960),
+    ("text.layers.4.self_attn.o_proj", 576, 576),
+    ("text.layers.4.mlp.gate_up", 576, 3072),
+    ("text.layers.4.mlp.down_proj", 1536, 576),
+)
+HEAD = (("text.lm_head", 576, 49280),)
+
+
+def best_ms(fn, repeats: int) -> float:
+    for _ in range(3):
+        fn()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best * 1e3
+
+
+def candidates(weight: torch.Tensor, flags: frozenset[str], bf16: bool) -> dict:
+    reduce_range = not flags & kernels.INT8_FULL_RANGE_FLAGS
+    out = {"float32": lambda x: F.linear(x, weight)}
+    out[kernels.INT8] = QuantizedLinear(weight, None, reduce_range=reduce_range, engine="fbgemm")
+    # oneDNN's int8 is exact only where its sums do not saturate (VNNI, AMX): kernels.py.
+    if "onednn" in torch.backends.quantized.supported_engines and flags & kernels.INT8_FULL_RANGE_FLAGS:
+        out[kernels.INT8_ONEDNN] = QuantizedLinear(weight, None, reduce_range=reduce_range, engine="onednn")
+    rows_dtype = torch.bfloat16 if bf16 else torch.float32
+    out[kernels.INT8_BY_ROW] = RowScaledLinear(weight, None, rows_dtype=rows_dtype)
+    if bf16:
+        out[kernels.BF16_ONEDNN] = PackedBf16Linear(weight, None)
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--prefill-rows", type=int, default=900)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    cpu = host.cpu_info()
+    bf16 = onednn_bf16() and kernels.native_bf16_flags(cpu.flags)
+    int8_plan, bf16_plan = plan_precision("int8", "cpu"), plan_precision("bfloat16", "cpu")
+    print(f"{cpu.model}; flags {' '.join(sorted(cpu.flags & set(host.RELEVANT_FLAGS)))}")
+    print(f"torch {torch.__version__}, {args.threads} thread(s), ms per call (best of {args.repeats})")
+    classes = (("tile", 1024, VISION), ("prefill", args.prefill_rows, TEXT), ("one row", 1, TEXT + HEAD))
+    torch.manual_seed(0)
+    with torch.inference_mode():
+        for label, rows, shapes in classes:
+            for name, k, n in shapes:
+                weight = torch.randn(n, k) * k**-0.5
+                x = torch.randn(rows, k)
+                times = {
+                    kind: best_ms(lambda f=f, x=x: f(x), args.repeats)
+                    for kind, f in candidates(weight, cpu.flags, bf16).items()
+                }
+                fastest = min(times, key=times.get)
+                cells = "  ".join(f"{kind} {ms:.3f}" for kind, ms in times.items())
+                picks = f"int8 plan: {int8_plan.linear(name)}, bfloat16 plan: {bf16_plan.linear(name)}"
+                print(f"{label:8} {rows:5} x {k:5} -> {n:6}  {cells}  | fastest {fastest} | {picks}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
