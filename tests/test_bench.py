@@ -496,11 +496,13 @@ def test_bench_on_the_tiny_checkpoint(tiny_checkpoint, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("dtype, width", [("bfloat16", 2), ("int8", 1)])
-def test_bench_in_an_opt_in_dtype_gates_agreement_with_float32(tiny_checkpoint, tmp_path, dtype, width):
-    """--dtype bfloat16 / int8 for real: the agreement gate instead of correctness, its figures per case."""
+@pytest.mark.parametrize("dtype, width, case", [("bfloat16", 2, "frame"), ("int8", 1, "clip")])
+def test_bench_in_an_opt_in_dtype_gates_agreement_with_float32(tiny_checkpoint, tmp_path, dtype, width, case):
+    """--dtype bfloat16 / int8 for real: the agreement gate instead of correctness, its figures.
+    One case a dtype, the two cases between them: each case is five fresh processes, and the
+    dtypes' agreement on stills and on windows is gated in-process by test_smolvlm_precision."""
     ledger_file = tmp_path / "ledger.jsonl"
-    args = ["--model", str(tiny_checkpoint), "--cases", "frame,clip", "--repeats", "1", "--cores", "1"]
+    args = ["--model", str(tiny_checkpoint), "--cases", case, "--repeats", "1", "--cores", "1"]
     args += ["--dtype", dtype, "--json", "--no-fail", "--ledger", str(ledger_file)]
     proc = subprocess.run([sys.executable, "-c", RUN_CLI, *args], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
@@ -509,20 +511,22 @@ def test_bench_in_an_opt_in_dtype_gates_agreement_with_float32(tiny_checkpoint, 
     # On the tiny model (two layers, 64 px tiles) both dtypes clear their bounds with room.
     assert report["gates"]["agreement"]["status"] == "PASS", report["gates"]["agreement"]
     bound = gates.COSINE_MIN[dtype]
-    for record, items, tiles in zip(report["cases"], (1, 6), (1, 12)):  # clip: 6 windows of 2 frames
-        p = record["precision"]
-        assert p["float32_is_reference"] and p["cosine_target"] == bound and p["tiles"] == tiles
-        assert bound <= p["tile_cosine_min"] <= 1 and bound <= p["logits_cosine_min"] <= 1
-        assert p["tile_cosine_min"] == min(c for cs in p["tile_cosines"].values() for c in cs)
-        assert (p["tokens"]["items"], p["tokens"]["total"], len(p["first_divergence"])) == (items, 32 * items, items)
-        assert all(pos is None or 0 <= pos < 32 for pos in p["first_divergence"].values())
-        assert p["floor_bytes"] == text_weights(tiny_checkpoint) * width and p["decode_ms_per_token"] > 0
-        assert record["rss_target"] == gates.RSS_TARGETS[dtype] and record["ffai"]["peak_rss"] > 0
-        assert f"agree {p['tokens']['same']}/{p['tokens']['total']}" in proc.stderr
+    (record,) = report["cases"]
+    items, tiles = {"frame": (1, 1), "clip": (6, 12)}[case]  # clip: 6 windows of 2 frames
+    p = record["precision"]
+    assert record["case"] == case
+    assert p["float32_is_reference"] and p["cosine_target"] == bound and p["tiles"] == tiles
+    assert bound <= p["tile_cosine_min"] <= 1 and bound <= p["logits_cosine_min"] <= 1
+    assert p["tile_cosine_min"] == min(c for cs in p["tile_cosines"].values() for c in cs)
+    assert (p["tokens"]["items"], p["tokens"]["total"], len(p["first_divergence"])) == (items, 32 * items, items)
+    assert all(pos is None or 0 <= pos < 32 for pos in p["first_divergence"].values())
+    assert p["floor_bytes"] == text_weights(tiny_checkpoint) * width and p["decode_ms_per_token"] > 0
+    assert record["rss_target"] == gates.RSS_TARGETS[dtype] and record["ffai"]["peak_rss"] > 0
+    assert f"agree {p['tokens']['same']}/{p['tokens']['total']}" in proc.stderr
     assert report["cpu"] == ledger.cpu_identity()
     line = json.loads(ledger_file.read_text())
     assert line["dtype"] == dtype and line["cpu"] == report["cpu"] and line["gates"] == report["gates"]
-    assert line["cases"]["clip"]["precision"]["tokens"] == report["cases"][1]["precision"]["tokens"]
+    assert line["cases"][case]["precision"]["tokens"] == p["tokens"]
 
 
 @pytest.mark.slow
