@@ -97,3 +97,122 @@ def timed_tokens(model: "InlineEngine", request: Request) -> tuple[list[int], fl
             lambda _: stamps.append(time.perf_counter()),
         )
     return tokens, stamps[0] - start, [b - a for a, b in zip(stamps, stamps[1:])]
+
+
+# --- the stage-by-stage probe behind the precision plan (docs/benchmarks.md) -------------------
+#
+#     python -m ffai_qwen3vl.bench.probes MODEL_DIR CASES VARIANT[,VARIANT...] [--vision-only]
+#
+# One float32 model is loaded; each variant's linears are built from its float32 weights, swapped
+# in, run on the bench's cases and swapped back, so every variant is compared with the same
+# float32 outputs and only one model's weights stay resident.
+
+
+def variants() -> dict:
+    """Named precision plans: the dtypes' own and the probe's ablations (every linear a variant's
+    first pattern leaves out stays float32)."""
+    import dataclasses
+
+    from ffai_qwen3vl.precision import FLOAT32, INT8_BY_ROW, WIDE_TEXT, WIDE_VISION, plan_precision
+
+    bf, i8 = plan_precision("bfloat16"), plan_precision("int8")
+    wide = i8.linears[0][1]
+    no_wide = tuple(p for p in i8.linears if p[0] not in (WIDE_VISION, WIDE_TEXT))
+    text, vision = ((r"visual\.", FLOAT32),), ((r"text\.", FLOAT32),)
+    by_row = tuple((p, INT8_BY_ROW if k.startswith("int8") else k) for p, k in i8.linears)
+    plans = {
+        "bf_all": bf.linears[1:],
+        "bf_plan": bf.linears,
+        "i8_plan": i8.linears,
+        "i8_nowide": no_wide,
+        "i8_text_only": text + i8.linears,
+        "i8_text_only_nowide": text + no_wide,
+        "i8_vision_only": vision + i8.linears,
+        "i8_vision_only_nowide": vision + no_wide,
+        "i8_vision_only_rows": vision + by_row,
+        "i8_vision_only_wide05": vision + ((r"visual\.blocks\.[0-5]\.", wide),) + i8.linears[1:],
+    }
+    return {n: dataclasses.replace(bf if n.startswith("bf") else i8, linears=lin) for n, lin in plans.items()}
+
+
+def stage_outputs(model, prepared: dict) -> dict:
+    """Per case: the visual tokens, the DeepStack features and (with a text tower) the prefill logits."""
+    import torch
+
+    from ffai_qwen3vl import generate as G
+    from ffai_qwen3vl.preprocess import pixel_values
+
+    out = {}
+    with torch.inference_mode():
+        for case, p in prepared.items():
+            visual = model.encode(pixel_values(p.pictures, p.processor), p.pictures.grid_thw)
+            out[case] = [visual.embeds, *visual.deepstack]
+            if model.text is not None:
+                images, videos = (None, visual) if p.video else (visual, None)
+                ids, positions, _, (x, deepstack) = G.prompt_state(model, p.input_ids, images, videos)
+                out[case].append(G.prefill(model, x, positions, model.text.new_cache(1, ids.shape[1]), deepstack)[0])
+    return out
+
+
+def swapped(model, plan, prepared: dict) -> dict:
+    """``stage_outputs`` with ``plan``'s linears (and vision attention, patch embedding) swapped
+    into the float32 ``model``, which is restored after."""
+    from torch import nn
+
+    from ffai_qwen3vl.layers import Linear
+    from ffai_qwen3vl.precision import FLOAT32, PLAIN, build_linear
+
+    originals = {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+    embed = model.visual.patch_embed.proj
+    kept = embed.weight, embed.bias
+    try:
+        for name, linear in originals.items():
+            kind = plan.linear(name)
+            if kind == FLOAT32 or (kind == PLAIN and plan.weights == linear.weight.dtype):
+                continue
+            if kind == PLAIN:
+                new = Linear(linear.in_features, linear.out_features, bias=linear.bias is not None, device="meta")
+                new.weight = nn.Parameter(linear.weight.to(plan.weights), requires_grad=False)
+                new.bias = None if linear.bias is None else nn.Parameter(linear.bias.to(plan.weights), False)
+            else:
+                new = build_linear(kind, linear.weight, linear.bias, plan)
+            model.set_submodule(name, new)
+        embed.weight, embed.bias = (nn.Parameter(t.to(plan.weights), requires_grad=False) for t in kept)
+        for block in model.visual.blocks:
+            block.attn.attention_dtype = plan.vision_attention
+        return stage_outputs(model, prepared)
+    finally:
+        for name, linear in originals.items():
+            model.set_submodule(name, linear)
+        embed.weight, embed.bias = kept
+        for block in model.visual.blocks:
+            block.attn.attention_dtype = None
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    from ffai.bench import cases
+    from ffai.bench.agreement import cosine
+    from ffai_qwen3vl.stages import Preprocessor
+    from ffai_qwen3vl.weights import load_model
+
+    known = variants()
+    parser = argparse.ArgumentParser(prog="python -m ffai_qwen3vl.bench.probes")
+    parser.add_argument("model", type=Path)
+    parser.add_argument("cases", help="bench cases, comma-separated (frame, still, window)")
+    parser.add_argument("variants", help=f"comma-separated, of: {', '.join(known)}")
+    parser.add_argument("--vision-only", action="store_true", help="load the vision tower alone")
+    args = parser.parse_args(argv)
+    model = load_model(args.model, parts=("vision",) if args.vision_only else ("vision", "text"))
+    pre = Preprocessor(args.model)
+    prepared = {c: pre(cases.items(c)[0].request(cases.decoding())) for c in args.cases.split(",")}
+    exact = stage_outputs(model, prepared)
+    for name in args.variants.split(","):
+        got = swapped(model, known[name], prepared)
+        figures = {c: [round(cosine(a, b), 6) for a, b in zip(got[c], exact[c])] for c in got}
+        print(name, "cosines (visual tokens, DeepStack..., logits):", figures, flush=True)
+
+
+if __name__ == "__main__":
+    main()
