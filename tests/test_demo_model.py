@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -97,31 +94,35 @@ def test_heldout_accuracy_through_the_engine(demo_model):
         assert result.group_accuracy(group) >= 0.9, (group, result.by_group, wrong)
 
 
-def _caption_clip(tmp_path, fps: str, window: str) -> list[dict]:
+def _caption_clip(tmp_path, monkeypatch, capsys, fps: str, window: str) -> list[dict]:
     """``ffai caption`` on the bundled clip with no --model: the bundled demo model is the default
-    when the real model is not found (FFAI_HOME points at an empty folder)."""
+    when the real model is not found (FFAI_HOME points at an empty folder). In this process: the
+    same fallback through a fresh process is test_cli's (test_unknown_model_names_pull)."""
+    from ffai.cli import run
+
     out = tmp_path / f"out-{fps}-{window}.json"
-    env = {**os.environ, "FFAI_HOME": str(tmp_path / "home"), "HF_HUB_CACHE": str(tmp_path / "hub")}
-    env.pop("FFAI_MODEL", None)
-    args = ["caption", "-i", str(CLIP), "--fps", fps, "--window", window, "-o", str(out)]
-    proc = subprocess.run([sys.executable, "-m", "ffai", *args], capture_output=True, text=True, env=env, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    assert "using the small bundled demo model smolvlm-demo" in proc.stderr
+    monkeypatch.setenv("FFAI_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.delenv("FFAI_MODEL", raising=False)
+    code = run(["caption", "-i", str(CLIP), "--fps", fps, "--window", window, "-o", str(out)])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "using the small bundled demo model smolvlm-demo" in err
     return json.loads(out.read_text(encoding="utf-8"))["cues"]
 
 
-def test_demo_clip_track_has_each_scene_caption_in_its_time_range(tmp_path):
+def test_demo_clip_track_has_each_scene_caption_in_its_time_range(tmp_path, monkeypatch, capsys):
     # --fps 2 --window 6: one 3 s window per scene, as in the README.
     seconds = demo_scenes.CLIP_SECONDS_PER_SCENE
-    cues = _caption_clip(tmp_path, "2", "6")
+    cues = _caption_clip(tmp_path, monkeypatch, capsys, "2", "6")
     expected = [(k * seconds, (k + 1) * seconds, demo_scenes.caption(s)) for k, s in enumerate(demo_scenes.CLIP_SCENES)]
     assert [(c["start"], c["end"], c["text"]) for c in cues] == expected
 
 
-def test_demo_clip_windows_inside_one_scene_get_its_caption(tmp_path):
+def test_demo_clip_windows_inside_one_scene_get_its_caption(tmp_path, monkeypatch, capsys):
     # --fps 2 --window 4: 2 s windows, some straddling a cut (those may blend the two scenes).
     seconds = demo_scenes.CLIP_SECONDS_PER_SCENE
-    cues = _caption_clip(tmp_path, "2", "4")
+    cues = _caption_clip(tmp_path, monkeypatch, capsys, "2", "4")
     assert cues and cues[-1]["end"] == pytest.approx(len(demo_scenes.CLIP_SCENES) * seconds)
     pure = {}
     for cue in cues:
