@@ -24,7 +24,6 @@ from live_sources import start_caption
 from live_stream import encode_ts
 from sheet_reader import read
 
-ROOT = Path(__file__).resolve().parent.parent
 TOKENS = 6
 SAMPLING = ["--fps", "2", "--window", "2", "--max-new-tokens", str(TOKENS)]
 
