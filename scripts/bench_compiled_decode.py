@@ -179,7 +179,8 @@ def main() -> int:
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: one thread count in this process
     args = parser.parse_args()
     if args.one is None:
-        os.environ.setdefault("FFAI_HOME", tempfile.mkdtemp(prefix="ffai-compiled-"))
+        if "FFAI_HOME" not in os.environ:  # a cold compile, not the user's cache
+            os.environ["FFAI_HOME"] = tempfile.mkdtemp(prefix="ffai-compiled-")
         for threads in args.threads.split(","):
             env = dict(os.environ, OMP_NUM_THREADS=threads)
             subprocess.run([sys.executable, __file__, *sys.argv[1:], "--one", threads], env=env, check=True)
