@@ -36,7 +36,8 @@ def theirs_forced(ref, processor, images, *, split: bool) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def tiny_pair(tiny_checkpoint, reference_loader):
+def tiny_pair(one_torch_thread, tiny_checkpoint, reference_loader):
+    # One thread: 24 small greedy runs a test, where two threads spin-wait on shared cores.
     torch.manual_seed(0)
     ref, processor = reference_loader(tiny_checkpoint)
     return InlineEngine(ENGINE, tiny_checkpoint, RuntimeOptions()), ref, processor
