@@ -109,28 +109,49 @@ def timed_tokens(model: "InlineEngine", request: Request) -> tuple[list[int], fl
 
 
 def variants() -> dict:
-    """Named precision plans: the dtypes' own and the probe's ablations (every linear a variant's
-    first pattern leaves out stays float32)."""
+    """Named precision plans for this CPU: the dtypes' own (``bf_plan``, ``i8_plan``) and the
+    probe's ablations (every linear a variant's first pattern leaves out stays float32). The int8
+    ablations start from the first int8 plan, whose vision blocks 4-23 were int8 x int8
+    (``i8_vision_int8``), as docs/benchmarks.md measured them."""
     import dataclasses
 
-    from ffai_qwen3vl.precision import FLOAT32, INT8_BY_ROW, WIDE_TEXT, WIDE_VISION, plan_precision
+    import torch
+
+    from ffai import host
+    from ffai_qwen3vl.precision import (
+        BF16_ONEDNN,
+        FLOAT32,
+        HEAD,
+        INT8,
+        INT8_BY_ROW,
+        INT8_ONEDNN,
+        MERGERS,
+        VISION,
+        WIDE_TEXT,
+        WIDE_VISION,
+        plan_precision,
+    )
 
     bf, i8 = plan_precision("bfloat16"), plan_precision("int8")
-    wide = i8.linears[0][1]
-    no_wide = tuple(p for p in i8.linears if p[0] not in (WIDE_VISION, WIDE_TEXT))
+    wide = BF16_ONEDNN if i8.rows_dtype == torch.bfloat16 else FLOAT32
+    tile = INT8_ONEDNN if "amx_int8" in host.cpu_info().flags else INT8
+    first = ((WIDE_VISION, wide), (WIDE_TEXT, wide), (MERGERS, INT8_BY_ROW), (VISION, tile), (HEAD, INT8))
+    first += ((r".", INT8_BY_ROW),)
+    no_wide = first[2:]
     text, vision = ((r"visual\.", FLOAT32),), ((r"text\.", FLOAT32),)
-    by_row = tuple((p, INT8_BY_ROW if k.startswith("int8") else k) for p, k in i8.linears)
+    by_row = tuple((p, INT8_BY_ROW if k.startswith("int8") else k) for p, k in first)
     plans = {
         "bf_all": bf.linears[1:],
         "bf_plan": bf.linears,
         "i8_plan": i8.linears,
+        "i8_vision_int8": first,
         "i8_nowide": no_wide,
-        "i8_text_only": text + i8.linears,
+        "i8_text_only": text + first,
         "i8_text_only_nowide": text + no_wide,
-        "i8_vision_only": vision + i8.linears,
+        "i8_vision_only": vision + first,
         "i8_vision_only_nowide": vision + no_wide,
         "i8_vision_only_rows": vision + by_row,
-        "i8_vision_only_wide05": vision + ((r"visual\.blocks\.[0-5]\.", wide),) + i8.linears[1:],
+        "i8_vision_only_wide05": vision + ((r"visual\.blocks\.[0-5]\.", wide),) + first[1:],
     }
     return {n: dataclasses.replace(bf if n.startswith("bf") else i8, linears=lin) for n, lin in plans.items()}
 
