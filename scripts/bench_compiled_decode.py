@@ -2,7 +2,7 @@
 every arm in one process, one step of each in turn, beside the memory floor and llama.cpp.
 
     python scripts/bench_compiled_decode.py [--threads 1,2] [--tokens 32] [--model DIR]
-        [--arms float32,int8,int8+compile,int8+frozen,bfloat16,bfloat16+compile]
+        [--arms float32,int8,int8+compile,int8+frozen,int8+aoti,bfloat16,bfloat16+compile]
         [--llama-bench BIN --gguf FILE]
 
 Each arm loads the text tower in its dtype and decodes from its own cache after a prefill of
@@ -16,6 +16,8 @@ with its eager arm's (greedy, same prompt).
 ``+frozen`` is a lever measured here, not shipped: the whole step (every layer, the norm and the
 LM head) as one module whose weights are buffers, compiled with freezing and max-autotune, so
 inductor's C++ GEMM templates (weight-only int8, bfloat16) may replace the eager kernels.
+``+aoti`` is the same module exported and compiled by AOTInductor (default settings) into one
+package with its weights, under FFAI_HOME, before the timed steps; its load time is printed.
 ``--llama-bench`` (scripts/build_llama_cpp.sh) times llama.cpp's token generation on ``--gguf``
 (scripts/build_llama_cpp.py: Q8_0 at the same shapes) right after the arms, at the same thread
 count and cache depth, its ms/token printed in the same table.
@@ -160,6 +162,32 @@ class FrozenDecode:
         return self.step(x, pos, cos, sin, list(cache.k), list(cache.v))
 
 
+class AotiDecode:
+    """:class:`FrozenStep` exported (the caches' length dynamic, written in place) and compiled
+    ahead of time by AOTInductor into one package holding its weights, then loaded: the road to a
+    warm start without tracing. Compiled at construction; the same call as ``FrozenDecode``."""
+
+    def __init__(self, text: nn.Module, x, pos, cache, package: Path) -> None:
+        self.text = text
+        step = FrozenStep(text).eval()
+        cos, sin = text._rope_rows(int(pos[0]), int(pos[0]) + 1, x)
+        length = torch.export.Dim("length", min=2, max=1 << 16)
+        ks, vs = list(cache.k), list(cache.v)
+        dynamic = {"x": None, "pos": None, "cos": None, "sin": None}
+        dynamic |= {"ks": [{2: length}] * len(ks), "vs": [{2: length}] * len(vs)}
+        with torch.no_grad():
+            program = torch.export.export(step, (x, pos, cos, sin, ks, vs), dynamic_shapes=dynamic)
+        torch._inductor.aoti_compile_and_package(program, package_path=str(package))
+        start = time.perf_counter()
+        self.runner = torch._inductor.aoti_load_package(str(package))
+        self.load_s = time.perf_counter() - start
+
+    def __call__(self, x, pos, cache) -> torch.Tensor | None:
+        first = int(pos[0])
+        cos, sin = self.text._rope_rows(first, first + 1, x)
+        return self.runner(x, pos, cos, sin, list(cache.k), list(cache.v))
+
+
 def weight_bytes(text, dtype: str) -> int:
     """The bytes of the linear weights a decode step reads (norms and one embedding row are noise)."""
     linears = [m for m in text.modules() if hasattr(m, "in_features") and hasattr(m, "out_features")]
@@ -220,6 +248,14 @@ def run(args, threads: int) -> int:
             if arm.endswith("+compile") and (dtype := arm.split("+")[0])
         }
         steps |= {arm: FrozenDecode(models[arm].text) for arm in arms if arm.endswith("+frozen")}
+        for arm in arms:
+            if arm.endswith("+aoti"):  # compiled here, before the timed steps; the load time printed
+                start = time.perf_counter()
+                x = models[arm].text.embed_tokens(torch.tensor([[tokens[arm][-1]]]))
+                package = Path(os.environ["FFAI_HOME"]) / f"decode-{arm}.pt2"
+                steps[arm] = AotiDecode(models[arm].text, x, torch.tensor([prompt]), caches[arm], package)
+                print(f"{arm}: exported and compiled in {time.perf_counter() - start:.1f} s, package", end=" ")
+                print(f"{package.stat().st_size / 1e6:.1f} MB, loaded in {steps[arm].load_s:.2f} s", flush=True)
 
         def step(arm: str, i: int) -> None:
             model = models[arm]
