@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from ffai import safetensors_reads
 from ffai.errors import ModelError
 from ffai_smolvlm.bench import checkpoints
 from ffai_smolvlm.config import ModelConfig
@@ -268,10 +269,9 @@ def test_tied_bfloat16_head_is_the_embedding_table_read_as_bfloat16(tmp_path, mo
     """--dtype bfloat16 packs a tied head from the embedding table read from the file as
     bfloat16, in blocks of rows (3 here, so the blocks split the table); the lookups read the
     float32 table's rows from the file."""
-    import ffai_smolvlm.weights as weights
 
     save_reference(variant_tied_biased(), tmp_path)
-    monkeypatch.setattr(weights, "CAST_BLOCK_BYTES", 3 * 4 * 96)  # 3 rows of the 96-wide table
+    monkeypatch.setattr(safetensors_reads, "CAST_BLOCK_BYTES", 3 * 4 * 96)  # 3 rows of the 96-wide table
     model = load_model(tmp_path, plan_precision("bfloat16"))
     table = load_model(tmp_path).text.embed_tokens.weight
     every_row = torch.arange(table.shape[0])
@@ -284,7 +284,7 @@ def test_tied_bfloat16_head_is_the_embedding_table_read_as_bfloat16(tmp_path, mo
     name = "model.text_model.embed_tokens.weight"
     path = tmp_path / "model.safetensors"
     with safe_open(str(path), framework="pt") as f, open(path, "rb") as raw:
-        read = weights._RawHeader(raw).read_into(name, torch.empty(1024, 96, dtype=torch.bfloat16), f)
+        read = safetensors_reads.RawHeader(raw).read_into(name, torch.empty(1024, 96, dtype=torch.bfloat16), f)
         assert torch.equal(read, f.get_tensor(name).bfloat16())
 
 

@@ -29,6 +29,7 @@ from torch import nn
 
 from ffai.errors import ModelError
 from ffai.opt_in_linears import PackedBf16Linear, QuantizedLinear, RowScaledLinear
+from ffai.safetensors_reads import FILE_DTYPES, RawHeader
 
 from .config import ModelConfig
 from .layers import FileEmbedding, FusedLinear
@@ -216,13 +217,13 @@ class _Reader:
 
         try:
             with safe_open(str(path), framework="pt", device="cpu") as f, open(path, "rb") as raw:
-                header = _RawHeader(raw)
+                header = RawHeader(raw)
                 for name in f.keys():
                     self._take(path, f, name, header)
         except (SafetensorError, OSError, RuntimeError, ValueError) as e:
             raise ModelError(f"{path}: not a readable safetensors file: {e}") from e
 
-    def _take(self, path: Path, f, name: str, header: "_RawHeader") -> None:
+    def _take(self, path: Path, f, name: str, header: "RawHeader") -> None:
         if self.tied and name == TIED_HEAD:
             return  # the head is the embedding matrix; a stored copy is redundant
         target = module_name(name)
@@ -280,53 +281,6 @@ class _Reader:
 # Tensors smaller than this are read, not mapped (see _Reader): a copy costs its own size, a
 # mapping up to a large folio of the file (2 MB) around it.
 MAP_MIN_BYTES = 4 << 20
-_FILE_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
-CAST_BLOCK_BYTES = 8 << 20  # file bytes staged at a time when a tensor is read with a cast
-
-
-class _RawHeader:
-    """A safetensors file's header (JSON after an 8-byte length), for reading a tensor's bytes
-    with an ordinary read into memory of our choosing rather than through the map."""
-
-    def __init__(self, raw) -> None:
-        self.raw = raw
-        raw.seek(0)
-        size = int.from_bytes(raw.read(8), "little")
-        self.entries = json.loads(raw.read(size))
-        self.data_start = 8 + size
-
-    def stored_as(self, name: str, dtype: torch.dtype) -> bool:
-        return _FILE_DTYPES.get(self.entries[name]["dtype"]) == dtype
-
-    def read_into(self, name: str, dst: torch.Tensor, f) -> torch.Tensor:
-        """Fill ``dst`` (same shape) with tensor ``name``, cast to dst's dtype; returns dst."""
-        entry = self.entries[name]
-        dtype = _FILE_DTYPES.get(entry["dtype"])
-        begin, end = entry["data_offsets"]
-        if dtype is None:  # a dtype read only through safetensors itself
-            return dst.copy_(f.get_tensor(name))
-        if end - begin != dst.numel() * dtype.itemsize:
-            raise ValueError(f"tensor {name}: {end - begin} bytes for shape {list(dst.shape)}")
-        if dtype == dst.dtype and dst.device.type == "cpu":
-            self._read(name, self.data_start + begin, dst)
-            return dst
-        # A cast goes through a staging buffer of the file's dtype, a block of rows at a time, so
-        # casting the 113 MB embedding table stages 8 MB of it, not all of it.
-        rows = dst.shape[0] if dst.dim() else 1
-        row_bytes = (end - begin) // max(rows, 1)
-        block = max(1, CAST_BLOCK_BYTES // max(row_bytes, 1))
-        for start in range(0, rows, block):
-            part = dst[start : start + block] if dst.dim() else dst
-            staged = torch.empty(part.shape, dtype=dtype)
-            self._read(name, self.data_start + begin + start * row_bytes, staged)
-            part.copy_(staged)
-        return dst
-
-    def _read(self, name: str, offset: int, into: torch.Tensor) -> None:
-        size = into.numel() * into.element_size()
-        self.raw.seek(offset)
-        if size and self.raw.readinto(memoryview(into.view(torch.uint8).numpy()).cast("B")) != size:
-            raise ValueError(f"tensor {name}: file ends inside its data")
 
 
 def opt_in_linear(plan: PrecisionPlan, name: str, weight: torch.Tensor, bias, parts: tuple[int, ...]) -> nn.Module:
@@ -369,7 +323,7 @@ def _read_tensor(at: tuple[Path, str], into: torch.Tensor) -> torch.Tensor:
 
     path, name = at
     with safe_open(str(path), framework="pt", device="cpu") as f, open(path, "rb") as raw:
-        return _RawHeader(raw).read_into(name, into, f)
+        return RawHeader(raw).read_into(name, into, f)
 
 
 def _embeddings_left_in_file(model: Idefics3, at: tuple[Path, str] | None) -> None:
@@ -383,9 +337,9 @@ def _embeddings_left_in_file(model: Idefics3, at: tuple[Path, str] | None) -> No
         return
     path, name = at
     with open(path, "rb") as raw:
-        header = _RawHeader(raw)
+        header = RawHeader(raw)
     entry, table = header.entries[name], model.text.embed_tokens.weight
-    file_dtype = _FILE_DTYPES.get(entry["dtype"])
+    file_dtype = FILE_DTYPES.get(entry["dtype"])
     if file_dtype is None:
         return  # a dtype only safetensors reads: the table stays as loaded
     offset = header.data_start + entry["data_offsets"][0]
