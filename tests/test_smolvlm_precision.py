@@ -90,7 +90,7 @@ def test_the_int8_plan_by_cpu(monkeypatch, native):
         plan = plan_precision("int8", "auto", cpu)
         assert plan.device == "cpu" and plan.weights == torch.float32 and plan.float32_parts == ()
         kinds = {name: plan.linear(name) for name in LINEARS}
-        vision = INT8_ONEDNN if text == SAPPHIRE_RAPIDS else INT8
+        vision = (BF16_ONEDNN if bf16 else INT8_ONEDNN) if text == SAPPHIRE_RAPIDS else INT8
         by_row = {"text.layers.3.mlp.down_proj", "connector.modality_projection.proj"}
         if bf16:
             by_row |= {"text.layers.4.mlp.gate_up"}

@@ -52,13 +52,17 @@ def int8_linears(flags: frozenset[str], bf16: bool) -> tuple[tuple[str, str], ..
     bfloat16 natively), the first match winning.
 
     The first four layers of each tower keep wider weights (``WIDE_LAYERS``). The rest of the
-    vision tower (a tile's 1024 rows a call, its activation range that tile's) runs on oneDNN
-    where it has AMX-INT8, on fbgemm elsewhere. With native bfloat16 the connector and
+    vision tower (a tile's 1024 rows a call, its activation range that tile's) runs in bfloat16
+    on oneDNN where the CPU has AMX-BF16, int8 on oneDNN where it has AMX-INT8 alone, on fbgemm
+    elsewhere. With native bfloat16 the connector and
     the text tower keep their activations unquantised (int8 weights times bfloat16 rows): int8
     activations in the text tower cost the prefill logits more than everything else together,
     and one shared range was not the cause (docs/precision-and-speed.md). The LM head stays on
     fbgemm, the fastest for one row of 49k outputs and the least sensitive layer."""
-    tile = INT8_ONEDNN if "amx_int8" in flags else INT8
+    # With AMX-BF16 the tiles run faster in bfloat16 (oneDNN, the GELU fused) than int8 x int8 on
+    # AMX-INT8, whose dynamic linear keeps a float32 GELU pass and casts; in the same memory (its
+    # packed int8 weight keeps the original beside it) and closer to float32 (docs/benchmarks.md).
+    tile = BF16_ONEDNN if bf16 and "amx_bf16" in flags else INT8_ONEDNN if "amx_int8" in flags else INT8
     wide = (WIDE_LAYERS, BF16_ONEDNN if bf16 else FLOAT32)
     if bf16:
         return (wide, (VISION, tile), (HEAD, INT8), (r".", INT8_BY_ROW))
@@ -108,6 +112,11 @@ def _int8_kernel(kind: str, flags: frozenset[str], bf16: bool) -> tuple[str, str
     return f"int8 weight x {rows} rows; one row: {one}", why
 
 
+def _bf16_tiles(kernel: Kernel) -> Kernel:
+    why = "AMX-BF16 with the GELU fused: faster than AMX-INT8 on a tile, in the same memory"
+    return kernel._replace(kernel=kernel.kernel.replace("oneDNN", "oneDNN (AMX)", 1), why=why)
+
+
 def throughput_dtype(flags: frozenset[str]) -> str:
     """The opt-in dtype for throughput on a CPU with ``flags``, by the bench's measurements
     (docs/precision-and-speed.md): int8 wherever the CPU has an int8 dot product (on AMX as fast
@@ -123,6 +132,7 @@ def report(flags: frozenset[str]) -> dict[str, list[dict[str, str]]]:
     bf16 = native_bf16_flags(flags)
     rest = "connector, text tower" if bf16 else "other text linears"
     int8 = [Kernel(LABELS.get(p, rest), *_int8_kernel(k, flags, bf16)) for p, k in int8_linears(flags, bf16)]
+    int8 = [_bf16_tiles(k) if k.layers == LABELS[VISION] and k.kernel.startswith("bfloat16") else k for k in int8]
     if bf16:
         amx = " (AMX)" if "amx_bf16" in flags else ""
         bf = Kernel("other linears", f"bfloat16 on oneDNN{amx}, weight reordered once; {FUSED_GELU}", "native bfloat16")
