@@ -119,7 +119,8 @@ def features_and_logits(model, prepared) -> list[torch.Tensor]:
 
     with torch.inference_mode():
         visual = model.encode(pixel_values(prepared.pictures, prepared.processor), prepared.pictures.grid_thw)
-        ids, positions, _, (x, deepstack) = G.prompt_state(model, prepared.input_ids, None, visual)
+        images, videos = (None, visual) if prepared.video else (visual, None)
+        ids, positions, _, (x, deepstack) = G.prompt_state(model, prepared.input_ids, images, videos)
         logits = G.prefill(model, x, positions, model.text.new_cache(1, ids.shape[1]), deepstack)
     return [visual.embeds, *visual.deepstack, logits]
 
