@@ -2,9 +2,9 @@
 untied LM head), for llama.cpp's ``llama-bench`` (built by scripts/build_llama_cpp.sh) to decode the
 same shapes ffai's int8 step does; a benchmark peer only, ffai never reads it.
 
-    python scripts/build_llama_cpp.py OUT.gguf [--llama-cpp /tmp/llama-cpp]
+    python scripts/build_llama_cpp.py OUT.gguf
 
-Written with the ``gguf`` package vendored in the same llama.cpp source (no weights to convert: the
+Written with the ``gguf`` package of the same llama.cpp source (build_llama_cpp.sh installs it) (no weights to convert: the
 tests' checkpoints are random too). The vocabulary is placeholder tokens: ``llama-bench`` times the
 model's graph, not its tokenizer.
 """
@@ -23,18 +23,14 @@ HEAD_DIM, ROPE_THETA, RMS_EPS, CONTEXT = 64, 100000.0, 1e-5, 8192
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
-    parser.add_argument(
-        "--llama-cpp", type=Path, default=Path("/tmp/llama-cpp"), help="scripts/build_llama_cpp.sh's folder"
-    )
     args = parser.parse_args()
-    source = next(args.llama_cpp.glob("llama_cpp_python-*/vendor/llama.cpp/gguf-py"), None)
-    if source is None:
+    try:
+        import gguf
+    except ImportError:
         print(
-            f"error: no llama.cpp source under {args.llama_cpp}; run scripts/build_llama_cpp.sh first", file=sys.stderr
+            "error: no gguf package; scripts/build_llama_cpp.sh installs the one its llama.cpp ships", file=sys.stderr
         )
         return 1
-    sys.path.insert(0, str(source))
-    import gguf
     import numpy as np
 
     rng = np.random.default_rng(0)

@@ -26,4 +26,6 @@ cmake -S "$src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF "$
   -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
   -DLLAMA_BUILD_SERVER=OFF >&2
 cmake --build "$work/build" --target llama-bench -j "$(nproc)" >&2
+# The GGUF writer scripts/build_llama_cpp.py uses, from the same source as the binary.
+python -m pip install -q "$src/gguf-py" >&2
 echo "$work/build/bin"
