@@ -25,7 +25,7 @@ class QuantizedLinear(nn.Module):
 
     ``reduce_range`` quantises activations to 7 bits, for CPUs whose int8 dot product
     saturates in 16 bits (AVX2's vpmaddubsw); AVX-512 VNNI sums u8 x s8 straight into 32 bits,
-    so there all 8 bits are used (``kernels.INT8_FULL_RANGE_FLAGS``).
+    so there all 8 bits are used (``ffai.linear_kinds.INT8_FULL_RANGE_FLAGS``).
     """
 
     def __init__(
@@ -203,3 +203,14 @@ class PackedBf16Linear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bfloat16 packed"
+
+
+def onednn_bf16(device: str = "cpu") -> bool:
+    """Whether oneDNN multiplies bfloat16 natively on ``device`` (a CPU with AVX512_BF16 or AMX;
+    torch asks oneDNN), so that :class:`PackedBf16Linear` runs there."""
+    if torch.device(device).type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False

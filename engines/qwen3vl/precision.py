@@ -18,18 +18,18 @@ from ffai import host
 from ffai.engine import DTYPES
 from ffai.errors import UsageError
 
-# How a linear layer is held (PrecisionPlan.linear).
-PLAIN = "plain"  # layers.Linear in the plan's ``weights`` dtype
-FLOAT32 = "float32"  # layers.Linear in float32, whatever the plan's ``weights`` dtype
-BF16_ONEDNN = "bfloat16 oneDNN"  # PackedBf16Linear: the weight reordered once for oneDNN
-INT8 = "int8"  # QuantizedLinear on fbgemm: a call's activations quantised by one range
-INT8_ONEDNN = "int8 oneDNN"  # QuantizedLinear packed for oneDNN (AMX-INT8 tiles)
-INT8_BY_ROW = "int8 by row"  # RowScaledLinear: int8 weight, rows unquantised
-
-# int8 dot products summing u8 x s8 straight into 32 bits: activations may use all 8 bits
-# (AVX2's vpmaddubsw saturates in 16, so there they keep to 7).
-INT8_FULL_RANGE_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
-NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+# How a linear layer is held (PrecisionPlan.linear), and the flags that choose: the core's.
+from ffai.linear_kinds import (
+    BF16_ONEDNN,
+    FLOAT32,
+    INT8,
+    INT8_BY_ROW,
+    INT8_FULL_RANGE_FLAGS,
+    INT8_ONEDNN,
+    PLAIN,
+    native_bf16_flags,
+)
+from ffai.opt_in_linears import onednn_bf16 as onednn_bf16
 
 VISION = r"visual\."
 # The patch mergers (main and DeepStack) take 4096 concatenated values a row: one shared
@@ -81,7 +81,7 @@ def plan_precision(dtype: str, cpu: host.CpuInfo | None = None) -> PrecisionPlan
     cpu = host.cpu_info() if cpu is None else cpu
     # Both torch and the flags must say so: on a real CPU they agree; a plan for another CPU's
     # flags (tests) then gets that CPU's recipe.
-    bf16 = onednn_bf16() and bool(cpu.flags & NATIVE_BF16_FLAGS)
+    bf16 = onednn_bf16() and native_bf16_flags(cpu.flags)
     if dtype == "int8":
         linears = int8_linears(cpu.flags, bf16)
     elif dtype == "bfloat16":
@@ -138,13 +138,3 @@ def device_for(dtype: str, device: str) -> str:
     if dtype == "int8" and device.startswith("cuda"):
         raise UsageError("--dtype int8 runs on the CPU only; use --device cpu or another --dtype")
     return "cpu" if dtype == "int8" else device
-
-
-def onednn_bf16() -> bool:
-    """Whether oneDNN multiplies bfloat16 natively on this CPU (AVX512_BF16 or AMX)."""
-    if not torch.backends.mkldnn.is_available():
-        return False
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        return False

@@ -11,19 +11,16 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-# How a linear layer is held (PrecisionPlan.linear); the classes are in ffai.opt_in_linears.
-PLAIN = "plain"  # layers.Linear / nn.Linear, in the plan's ``weights`` dtype
-INT8 = "int8"  # QuantizedLinear on fbgemm: int8 weight, a call's activations quantised by one range
-INT8_ONEDNN = "int8 oneDNN"  # QuantizedLinear packed for oneDNN's kernel (AMX-INT8 tiles)
-INT8_BY_ROW = "int8 by row"  # RowScaledLinear: a plain int8 weight, no activation range shared by rows
-BF16_ONEDNN = "bfloat16 oneDNN"  # PackedBf16Linear: the weight reordered once for oneDNN's kernel
-FLOAT32 = "float32"  # layers.Linear in float32, whatever the plan's ``weights`` dtype
-
-# int8 dot products that sum u8 x s8 straight into 32 bits: activations may use all 8 bits.
-# Elsewhere (AVX2's vpmaddubsw saturates in 16 bits) they keep to 7.
-INT8_FULL_RANGE_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
-# Where oneDNN multiplies bfloat16 natively, by /proc/cpuinfo's flags (the plan asks torch).
-NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+# How a linear layer is held (PrecisionPlan.linear), and the flags that choose: the core's, for every engine.
+from ffai.linear_kinds import BF16_ONEDNN as BF16_ONEDNN
+from ffai.linear_kinds import FLOAT32 as FLOAT32
+from ffai.linear_kinds import INT8 as INT8
+from ffai.linear_kinds import INT8_BY_ROW as INT8_BY_ROW
+from ffai.linear_kinds import INT8_FULL_RANGE_FLAGS as INT8_FULL_RANGE_FLAGS
+from ffai.linear_kinds import INT8_ONEDNN as INT8_ONEDNN
+from ffai.linear_kinds import NATIVE_BF16_FLAGS as NATIVE_BF16_FLAGS
+from ffai.linear_kinds import PLAIN as PLAIN
+from ffai.linear_kinds import native_bf16_flags as native_bf16_flags
 
 VISION = r"vision\."
 # The first four layers of each tower stay wider than int8 (bfloat16 weights where bfloat16 is
@@ -74,10 +71,6 @@ def bfloat16_linears(bf16: bool) -> tuple[tuple[str, str], ...]:
     four layers in float32 (``WIDE_TEXT_LAYERS``), every other linear packed for oneDNN where it
     multiplies bfloat16 natively (``bf16``), else a plain bfloat16 linear."""
     return ((WIDE_TEXT_LAYERS, FLOAT32), (r".", BF16_ONEDNN)) if bf16 else ((WIDE_TEXT_LAYERS, FLOAT32),)
-
-
-def native_bf16_flags(flags: frozenset[str]) -> bool:
-    return bool(flags & NATIVE_BF16_FLAGS)
 
 
 class Kernel(NamedTuple):

@@ -19,6 +19,7 @@ import torch
 from ffai import host
 from ffai.engine import DTYPES
 from ffai.errors import UsageError
+from ffai.opt_in_linears import onednn_bf16 as onednn_bf16
 
 # The kinds of layer (re-exported for the loader) and which int8 linear is which, on any CPU.
 from .kernels import BF16_ONEDNN as BF16_ONEDNN
@@ -146,14 +147,3 @@ def _attention(dtype: str, on_cpu: bool, cpu: host.CpuInfo) -> Attention:
     if "avx512_bf16" in cpu.flags:
         return Attention(torch.bfloat16, ATTENTION_BLOCK)
     return Attention(torch.float32)
-
-
-def onednn_bf16(device: str = "cpu") -> bool:
-    """Whether oneDNN multiplies bfloat16 natively on ``device`` (a CPU with AVX512_BF16 or AMX;
-    torch asks oneDNN), so that ``PackedBf16Linear`` runs there."""
-    if torch.device(device).type != "cpu" or not torch.backends.mkldnn.is_available():
-        return False
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        return False
