@@ -198,17 +198,18 @@ def models_list(as_json: AsJson = False) -> None:
         typer.echo(json.dumps(rows, indent=2, ensure_ascii=False))
         return
     caption = (
-        "sha256 pinned: files the manifest pins; hub: of the others, those verified against the hub's hash. "
+        "pinned: files the manifest pins by sha256; hub: of the others, those verified against the hub's hash. "
         "Every model decodes greedily by default, even where its generation_config.json asks for sampling "
         "(Qwen3-VL's does): ffai samples only with --temperature and --seed"
     )
     table = Table(title="ffai models", caption=caption)
-    for column in ("name", "engine", "licence", "size", "sha256 pinned", "found at"):
+    for column in ("name", "engine", "licence", "size", "pinned", "found at"):
         # A name cut short cannot be typed back, nor a path copied: those fold, never end in "…".
         table.add_column(
             column,
             no_wrap=column in ("name", "engine", "size"),
             overflow="fold" if column == "found at" else "ellipsis",
+            min_width=len("missing") if column == "found at" else None,  # never "missi/ng"
         )
     for r in rows:
         size = _human_size(r["size"]) + ("" if r["size_known"] else " +")
