@@ -8,12 +8,18 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
 
 from ffai.bench import checkpoints
 from ffai_smolvlm.bench.checkpoints import reference_model, reference_processor
+
+# Started from a shell's background job (`bash .ci/run &` without job control), this process has
+# SIGINT ignored, and so would every ffai it starts: the Ctrl-C tests need it delivered.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")
