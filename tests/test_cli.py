@@ -31,13 +31,18 @@ def assert_one_line_error(proc: subprocess.CompletedProcess, code: int, fragment
 
 
 def test_help_and_engines_do_not_import_torch():
+    """Every engine's kernels report included: both engines report theirs from the flags alone."""
     code = (
-        "import sys, io, contextlib\n"
+        "import sys, io, json, contextlib\n"
         "from ffai.cli import run\n"
+        "out = io.StringIO()\n"
         "with contextlib.redirect_stdout(io.StringIO()):\n"
         "    assert run(['--help']) == 0\n"
         "    assert run(['engines']) == 0\n"
+        "with contextlib.redirect_stdout(out):\n"
         "    assert run(['engines', '--json']) == 0\n"
+        "reported = {e['name'] for e in json.loads(out.getvalue()) if e['kernels']}\n"
+        "assert reported >= {'smolvlm', 'qwen3-vl'}, reported\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
@@ -60,11 +65,14 @@ def test_install_hints_in_help_keep_their_extras():
     assert "pip install 'ffai[ray]'" in proc.stdout
 
 
-def test_engines_table_lists_smolvlm():
+def test_engines_table_lists_both_engines_and_their_kernels():
     proc = ffai("engines")
     assert proc.returncode == 0, proc.stderr
-    for word in ("smolvlm", "vlm", "smolvlm2-256m-video-instruct", "for throughput", "int8 "):
+    for word in ("smolvlm", "vlm", "smolvlm2-256m-video-instruct", "qwen3-vl-2b-instruct", "int8 "):
         assert word in proc.stdout
+    for name in ("smolvlm", "qwen3-vl"):  # each engine's kernels report, under its own heading
+        assert f"{name} on this CPU: float32 for exact output" in proc.stdout
+    assert "vision attention:" in proc.stdout  # a group only Qwen3-VL's report has
 
 
 def test_engines_json():
@@ -77,9 +85,15 @@ def test_engines_json():
     assert smol["default_model"] == "smolvlm2-256m-video-instruct"
     assert set(smol) == {"name", "task", "status", "description", "default_model", "fast_dtypes", "kernels"}
     assert smol["fast_dtypes"][0] == "float32" and set(smol["fast_dtypes"]) <= {"float32", "bfloat16", "int8"}
-    # which kernels run each dtype here and why (the engine's report, tests/test_smolvlm_precision.py)
-    assert set(smol["kernels"]["dtypes"]) == {"float32", "int8", "bfloat16"}
-    assert smol["kernels"]["throughput_dtype"] in ("float32", "bfloat16", "int8")
+    # which kernels run each dtype here and why (each engine's report: tests/test_smolvlm_precision.py,
+    # tests/test_qwen3vl_precision.py); torch-free (test_help_and_engines_do_not_import_torch)
+    qwen = next(e for e in engines if e["name"] == "qwen3-vl")
+    assert set(qwen) == set(smol) and qwen["default_model"] == "qwen3-vl-2b-instruct"
+    for engine in (smol, qwen):
+        assert set(engine["kernels"]["dtypes"]) == {"float32", "int8", "bfloat16"}
+        assert engine["kernels"]["throughput_dtype"] in ("float32", "bfloat16", "int8")
+        groups = [g for dtype in engine["kernels"]["dtypes"].values() for g in dtype]
+        assert groups and all(set(g) == {"layers", "kernel", "why"} and all(g.values()) for g in groups)
 
 
 def test_version():

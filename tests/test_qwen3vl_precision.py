@@ -10,7 +10,7 @@ import os
 import pytest
 import torch
 
-from cpu_samples import AVX2_ONLY, EPYC_ZEN4, SAPPHIRE_RAPIDS
+from cpu_samples import AVX2_ONLY, EPYC_ZEN4, SAPPHIRE_RAPIDS, SSE_ONLY
 from ffai import host
 from ffai.bench import cases
 from ffai.bench.agreement import cosine
@@ -18,13 +18,17 @@ from ffai.bench.gates import COSINE_MIN
 from ffai.errors import UsageError
 from ffai.opt_in_linears import PackedBf16Linear, QuantizedLinear, RowScaledLinear
 from ffai_qwen3vl import generate as G
+from ffai_qwen3vl import precision
 from ffai_qwen3vl.bench.checkpoints import cached_checkpoint
+from ffai_qwen3vl.engine import ENGINE
 from ffai_qwen3vl.precision import (
     BF16_ONEDNN,
     FLOAT32,
     INT8,
     INT8_BY_ROW,
+    INT8_ONEDNN,
     PLAIN,
+    int8_linears,
     onednn_bf16,
     plan_precision,
 )
@@ -87,6 +91,61 @@ def test_bfloat16_and_float32_plans():
         assert amx[Q_EARLY] == FLOAT32 and {amx[n] for n in (QKV, PROJ_EARLY, Q, HEAD)} == {BF16_ONEDNN}
     assert set(kinds("float32", SAPPHIRE_RAPIDS).values()) == {PLAIN}
     assert plan_precision("int8").embeddings == torch.bfloat16  # int8's head has its own copy
+
+
+# What ``ffai engines`` says each kind of linear runs on (kernels.report), a word of each.
+KIND_WORDS = {
+    BF16_ONEDNN: "bfloat16 on oneDNN",
+    FLOAT32: "float32, torch's default",
+    INT8: "x int8 on fbgemm",
+    INT8_ONEDNN: "x int8 on oneDNN",
+    INT8_BY_ROW: "int8 weight x",
+}
+
+
+def test_ffai_engines_reports_the_plans_kernels(monkeypatch):
+    """The report ``ffai engines`` prints (torch-free: the flags alone) is made from the rules the
+    plan applies, group for group in the plan's order: AMX and Zen 4 (the vision tower bfloat16,
+    AMX named only with AMX-BF16, the vision attention bfloat16 only there), AVX2 alone (the wide
+    blocks float32, 7-bit fbgemm tiles, float32 rows); int8 for throughput wherever the CPU has an
+    int8 dot product, float32 with neither."""
+    monkeypatch.setattr(precision, "onednn_bf16", lambda device="cpu": True)  # the plan by the flags alone
+    labels = {
+        SAPPHIRE_RAPIDS: ["vision tower (blocks, mergers)", "first 4 text layers", "LM head", "other text linears"],
+        AVX2_ONLY: ["first 4 vision blocks", "first 4 text layers", "patch mergers, text MLP down projections"],
+    }
+    labels[EPYC_ZEN4] = labels[SAPPHIRE_RAPIDS]
+    labels[AVX2_ONLY] += ["other vision blocks", "other text linears"]
+    for text, expected in labels.items():
+        flags = host.parse_cpuinfo(text).flags
+        report = ENGINE.kernels(flags)
+        assert report["throughput_dtype"] == "int8"
+        assert report["dtypes"]["float32"] == [
+            {"layers": "every linear", "kernel": "float32, torch's default", "why": "the exact path"}
+        ]
+        for dtype in ("int8", "bfloat16"):
+            plan = plan_precision(dtype, host.parse_cpuinfo(text))
+            *linears, attention = report["dtypes"][dtype]
+            kinds = [k for _, k in plan.linears] + ([PLAIN] if dtype == "bfloat16" and len(plan.linears) == 1 else [])
+            assert len(linears) == len(kinds), (text, dtype)
+            for group, kind in zip(linears, kinds):
+                words = "bfloat16, torch's default" if kind == PLAIN else KIND_WORDS[kind]
+                assert words in group["kernel"], (text, dtype, group)
+                assert ("(AMX)" in group["kernel"]) is (kind == BF16_ONEDNN and "amx_bf16" in flags)
+                assert ("7-bit" in group["kernel"]) is (kind == INT8 and text == AVX2_ONLY), group
+            assert attention["layers"] == "vision attention"
+            assert attention["kernel"].startswith("bfloat16" if plan.vision_attention == torch.bfloat16 else "float32")
+        assert [g["layers"] for g in report["dtypes"]["int8"]] == [*expected, "vision attention"]
+        assert report["dtypes"]["int8"][-1]["kernel"].startswith("bfloat16" if text == SAPPHIRE_RAPIDS else "float32")
+    # The report reads the flags; the plan asks torch too, and on a torch without oneDNN's bfloat16
+    # takes the other recipe: the report says so where it names bfloat16.
+    amx = host.parse_cpuinfo(SAPPHIRE_RAPIDS).flags
+    assert "torch's oneDNN" in ENGINE.kernels(amx)["dtypes"]["int8"][0]["why"]
+    monkeypatch.setattr(precision, "onednn_bf16", lambda device="cpu": False)
+    plan = plan_precision("int8", host.parse_cpuinfo(SAPPHIRE_RAPIDS))
+    assert plan.linears == int8_linears(amx, False) and plan.vision_attention is None
+    assert plan.linear(QKV) == INT8_ONEDNN and plan.linear(PROJ_EARLY) == FLOAT32  # AMX-INT8 tiles, wide blocks
+    assert ENGINE.kernels(host.parse_cpuinfo(SSE_ONLY).flags)["throughput_dtype"] == "float32"
 
 
 def test_int8_on_cuda_is_refused_in_one_line():

@@ -101,6 +101,13 @@ class Qwen3VLEngine:
     model_types = ("qwen3_vl",)  # config.json's: a folder of this family runs here without --engine
     bench = "ffai_qwen3vl.bench:HOOKS"  # ffai bench vlm's hooks (transformers as the reference)
 
+    def kernels(self, flags: frozenset[str]) -> dict:
+        """What runs each dtype's linears (and the vision attention) on a CPU with ``flags`` and the
+        dtype for throughput there, for ``ffai engines`` (torch-free: kernels' rules of the flags)."""
+        from ffai_qwen3vl.kernels import report, throughput_dtype
+
+        return {"throughput_dtype": throughput_dtype(flags), "dtypes": report(flags)}
+
     def check_window(self, model_dir: Path, frames: int, options: DecodingOptions) -> None:
         """Refuse, before any weight loads, a folder whose files disagree or a window whose
         largest prompt cannot fit the context (every frame as large as its budget allows)."""

@@ -3,8 +3,9 @@
 A :class:`PrecisionPlan` says which layer each linear becomes (the classes of
 ``ffai.opt_in_linears``), which parameters are held in the low dtype and which stay float32; the
 loader (``weights.load_model``) applies it as it reads the tensors, and nothing else branches on
-the dtype. ``ffai.host`` reports the CPU's flags; turning them into choices is this module's.
-The stage-by-stage probe behind each rule: docs/precision-and-speed.md (Qwen3-VL section).
+the dtype. ``ffai.host`` reports the CPU's flags; the rules that turn them into choices are
+``kernels.py``'s (torch-free, so ``ffai engines`` reports the same choices); this module builds
+the plan and the layers from them.
 """
 
 from __future__ import annotations
@@ -17,32 +18,21 @@ import torch
 from ffai import host
 from ffai.engine import DTYPES
 from ffai.errors import UsageError
-
-# How a linear layer is held (PrecisionPlan.linear), and the flags that choose: the core's.
-from ffai.linear_kinds import (
-    BF16_ONEDNN,
-    FLOAT32,
-    INT8,
-    INT8_BY_ROW,
-    INT8_FULL_RANGE_FLAGS,
-    INT8_ONEDNN,
-    PLAIN,
-    native_bf16_flags,
-)
 from ffai.opt_in_linears import onednn_bf16 as onednn_bf16
-
-VISION = r"visual\."
-# The patch mergers (main and DeepStack) take 4096 concatenated values a row: one shared
-# activation range loses the most there, as SmolVLM's connector did.
-MERGERS = r"visual\.(merger|deepstack_merger_list\.\d+)\."
-HEAD = r"text\.lm_head$"
-# Layers kept wider than the dtype: their rounding is carried through every later layer. Which
-# ones was measured stage by stage at the 2B shapes (docs/precision-and-speed.md).
-WIDE_VISION = r"visual\.blocks\.[0-3]\."
-WIDE_TEXT = r"text\.layers\.[0-3]\."
-# Without native bfloat16 only these int8 linears keep their rows unquantised (float32 rows):
-# the down projections' inputs span the widest ranges from token to token.
-INT8_BY_ROW_LAYERS = rf"text\.layers\.\d+\.mlp\.down_proj$|{MERGERS}"
+from ffai_qwen3vl.kernels import BF16_ONEDNN as BF16_ONEDNN
+from ffai_qwen3vl.kernels import FLOAT32 as FLOAT32
+from ffai_qwen3vl.kernels import HEAD as HEAD
+from ffai_qwen3vl.kernels import INT8 as INT8
+from ffai_qwen3vl.kernels import INT8_BY_ROW as INT8_BY_ROW
+from ffai_qwen3vl.kernels import INT8_BY_ROW_LAYERS as INT8_BY_ROW_LAYERS
+from ffai_qwen3vl.kernels import INT8_FULL_RANGE_FLAGS as INT8_FULL_RANGE_FLAGS
+from ffai_qwen3vl.kernels import INT8_ONEDNN as INT8_ONEDNN
+from ffai_qwen3vl.kernels import MERGERS as MERGERS
+from ffai_qwen3vl.kernels import PLAIN as PLAIN
+from ffai_qwen3vl.kernels import VISION as VISION
+from ffai_qwen3vl.kernels import WIDE_TEXT as WIDE_TEXT
+from ffai_qwen3vl.kernels import WIDE_VISION as WIDE_VISION
+from ffai_qwen3vl.kernels import bfloat16_linears, int8_linears, native_bf16_flags, vision_attention_bf16
 
 
 @dataclass(frozen=True)
@@ -85,7 +75,7 @@ def plan_precision(dtype: str, cpu: host.CpuInfo | None = None) -> PrecisionPlan
     if dtype == "int8":
         linears = int8_linears(cpu.flags, bf16)
     elif dtype == "bfloat16":
-        linears = ((WIDE_TEXT, FLOAT32), (r".", BF16_ONEDNN)) if bf16 else ((WIDE_TEXT, FLOAT32),)
+        linears = bfloat16_linears(bf16)
     else:
         linears = ()
     return PrecisionPlan(
@@ -97,24 +87,8 @@ def plan_precision(dtype: str, cpu: host.CpuInfo | None = None) -> PrecisionPlan
         linears=linears,
         reduce_range=not cpu.flags & INT8_FULL_RANGE_FLAGS,
         rows_dtype=torch.bfloat16 if bf16 else torch.float32,
-        # A still's patches attend as one segment (12 288 rows at 2B's default budget): float32
-        # SDPA was the largest share of its vision tower; torch's bfloat16 flash attention is fast
-        # where oneDNN has AMX-BF16 tiles (SmolVLM measured it no faster on AVX512_BF16 alone).
-        vision_attention=torch.bfloat16 if dtype != "float32" and "amx_bf16" in cpu.flags and bf16 else None,
+        vision_attention=torch.bfloat16 if dtype != "float32" and vision_attention_bf16(cpu.flags, bf16) else None,
     )
-
-
-def int8_linears(flags: frozenset[str], bf16: bool) -> tuple[tuple[str, str], ...]:
-    """int8's (module-name pattern, kind) on a CPU with ``flags`` (``bf16``: oneDNN multiplies
-    bfloat16 natively), the first match winning."""
-    wide = BF16_ONEDNN if bf16 else FLOAT32
-    tile = INT8_ONEDNN if "amx_int8" in flags else INT8
-    if bf16:
-        # The vision tower whole in bfloat16: at 2B its int8 (first four blocks wide) moved the
-        # features by 0.0003 only, but the prefill logits to 0.9955, under int8's 0.996 margin;
-        # the text tower turns every visual token's and DeepStack feature's change into logits.
-        return ((VISION, BF16_ONEDNN), (WIDE_TEXT, wide), (HEAD, INT8), (r".", INT8_BY_ROW))
-    return ((WIDE_VISION, wide), (WIDE_TEXT, wide), (INT8_BY_ROW_LAYERS, INT8_BY_ROW), (VISION, tile), (r".", INT8))
 
 
 def build_linear(kind: str, weight: torch.Tensor, bias: torch.Tensor | None, plan: PrecisionPlan):
