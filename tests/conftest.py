@@ -1,8 +1,8 @@
-"""Shared fixtures: random-weight SmolVLM checkpoints, cached on disk, and the transformers
-reference on them (ffai.bench.checkpoints caches what ffai_smolvlm.bench writes); the gate on
-``browser`` tests (skipped without chromium, required under ``CI=true``). Helper modules beside
-the tests (media_fixtures, hub_server) import by name: pyproject's pytest ``pythonpath`` lists
-tests/."""
+"""Shared fixtures: random-weight SmolVLM checkpoints and Qwen3-VL's tiny one, cached on disk, and
+the transformers reference on SmolVLM's (ffai.bench.checkpoints caches what ffai_smolvlm.bench
+writes); the gate on ``browser`` tests (skipped without chromium, required under ``CI=true``).
+Helper modules beside the tests (media_fixtures, hub_server) import by name: pyproject's pytest
+``pythonpath`` lists tests/."""
 
 from __future__ import annotations
 
@@ -32,6 +32,15 @@ def tiny_checkpoint() -> Path:
 def real_checkpoint() -> Path:
     """SmolVLM-256M-Instruct shapes with random float32 weights (~1 GB, written once)."""
     return checkpoints.checkpoint("real")
+
+
+@pytest.fixture(scope="session")
+def qwen3vl_tiny() -> Path:
+    """Qwen3-VL's tiny random-weight checkpoint (4 vision blocks, 3 text layers) with the real
+    tokenizer, chat template and processor files (``ffai_qwen3vl.bench.checkpoints``)."""
+    from ffai_qwen3vl.bench.checkpoints import cached_checkpoint
+
+    return cached_checkpoint("tiny")
 
 
 @pytest.fixture(scope="session")

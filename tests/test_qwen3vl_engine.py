@@ -40,11 +40,6 @@ TOKENS = 12
 
 
 @pytest.fixture(scope="module")
-def tiny() -> Path:
-    return cached_checkpoint("tiny")
-
-
-@pytest.fixture(scope="module")
 def still(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("media") / "still.png"
     Image.effect_mandelbrot((211, 137), (-2, -1.2, 1, 1.2), 60).convert("RGB").save(path)
@@ -91,8 +86,8 @@ def test_models_list_says_decoding_is_greedy(capsys):
     assert "decodes greedily by default, even where its generation_config.json asks for sampling" in out
 
 
-def test_a_manifest_or_a_folders_config_picks_the_engine(tiny):
-    assert registry.engine_for_model(None, str(tiny)).info.name == "qwen3-vl"
+def test_a_manifest_or_a_folders_config_picks_the_engine(qwen3vl_tiny):
+    assert registry.engine_for_model(None, str(qwen3vl_tiny)).info.name == "qwen3-vl"
     assert registry.engine_for_model(None, str(ROOT / "models" / "smolvlm-demo")).info.name == "smolvlm"
     assert registry.engine_for_model(None, "qwen3-vl-4b-instruct").info.name == "qwen3-vl"
     assert registry.engine_for_model(None, "smolvlm-demo").info.name == "smolvlm"
@@ -101,7 +96,7 @@ def test_a_manifest_or_a_folders_config_picks_the_engine(tiny):
 
 
 @pytest.mark.oracle
-def test_window_as_video_equals_reference(capsys, tmp_path, tiny):
+def test_window_as_video_equals_reference(capsys, tmp_path, qwen3vl_tiny):
     """One 8-frame window at 2 fps, its frames held to a budget below their size: the track's
     text is transformers' answer on the same frames, times and budget."""
     from ffai import media
@@ -109,7 +104,7 @@ def test_window_as_video_equals_reference(capsys, tmp_path, tiny):
     out = tmp_path / "out.json"
     flags = ["--fps", "2", "--window", "8", "-t", "4", "--max-new-tokens", str(TOKENS), "--frame-max-pixels", "6000"]
     code, _, err = caption(
-        capsys, "--engine", "qwen3-vl", "--model", str(tiny), "-i", str(DEMO_CLIP), *flags, "-o", str(out)
+        capsys, "--engine", "qwen3-vl", "--model", str(qwen3vl_tiny), "-i", str(DEMO_CLIP), *flags, "-o", str(out)
     )
     assert code == 0, err
     (cue,) = json.loads(out.read_text(encoding="utf-8"))["cues"]
@@ -117,31 +112,31 @@ def test_window_as_video_equals_reference(capsys, tmp_path, tiny):
     assert [f.time for f in frames] == cue["frame_times"]
     options = DecodingOptions(max_new_tokens=TOKENS, frame_max_pixels=6000)
     expected = reference_answer(
-        tiny, [f.image for f in frames], cue["frame_times"], (cue["start"], cue["end"]), options
+        qwen3vl_tiny, [f.image for f in frames], cue["frame_times"], (cue["start"], cue["end"]), options
     )
     assert cue["text"] == expected.strip() and cue["text"]
 
 
 @pytest.mark.oracle
-def test_still_equals_reference(capsys, tiny, still):
+def test_still_equals_reference(capsys, qwen3vl_tiny, still):
     code, out, err = caption(
-        capsys, "--model", str(tiny), "--engine", "qwen3-vl", "-i", str(still), "--max-new-tokens", str(TOKENS),
+        capsys, "--model", str(qwen3vl_tiny), "--engine", "qwen3-vl", "-i", str(still), "--max-new-tokens", str(TOKENS),
         "--min-pixels", "4096", "--max-pixels", "20000",
     )  # fmt: skip
     assert code == 0, err
     options = DecodingOptions(max_new_tokens=TOKENS, min_pixels=4096, max_pixels=20000)
     with Image.open(still) as image:
-        expected = reference_answer(tiny, [image.convert("RGB")], None, None, options)
+        expected = reference_answer(qwen3vl_tiny, [image.convert("RGB")], None, None, options)
     assert out.strip() == expected.strip() and expected.strip()
 
 
 @pytest.mark.parametrize("frames", [1, 2, 3, 5, 8])
-def test_a_frame_budget_bounds_each_frame(tiny, frames):
+def test_a_frame_budget_bounds_each_frame(qwen3vl_tiny, frames):
     """The frame budgets are each frame's, whatever the window's frame count: a large frame
     shrinks to at most --frame-max-pixels, a small one grows to about --frame-min-pixels (within
     the processor's rounding of odd counts: ``frame_budget_factor``)."""
     options = DecodingOptions(frame_min_pixels=10_000, frame_max_pixels=50_000)
-    cfg = processor_config(tiny, options, frames)
+    cfg = processor_config(qwen3vl_tiny, options, frames)
     scale = frame_budget_factor(frames, cfg.temporal_patch_size)
     assert (cfg.video.min_pixels, cfg.video.max_pixels) == (10_000 * scale, 50_000 * scale)
     area = {}
@@ -151,13 +146,13 @@ def test_a_frame_budget_bounds_each_frame(tiny, frames):
     assert 25_000 <= area[1080] <= 50_000 and 7_500 <= area[45] <= 20_000, area
 
 
-def edited_copy(tmp_path: Path, tiny: Path, edit=None, name: str = "config.json") -> Path:
+def edited_copy(tmp_path: Path, qwen3vl_tiny: Path, edit=None, name: str = "config.json") -> Path:
     """The tiny checkpoint's folder again (its weights linked), with one small file edited."""
     folder = tmp_path / "model"
     folder.mkdir()
     for f in SMALL_FILES:
-        shutil.copy(tiny / f, folder / f)
-    (folder / "model.safetensors").symlink_to(tiny / "model.safetensors")
+        shutil.copy(qwen3vl_tiny / f, folder / f)
+    (folder / "model.safetensors").symlink_to(qwen3vl_tiny / "model.safetensors")
     if edit is not None:
         data = json.loads((folder / name).read_text(encoding="utf-8"))
         edit(data)
@@ -174,16 +169,16 @@ def shrink_context(config: dict) -> None:
     config["text_config"]["max_position_embeddings"] = 300
 
 
-def index_of_missing_shard(tmp_path: Path, tiny: Path) -> Path:
+def index_of_missing_shard(tmp_path: Path, qwen3vl_tiny: Path) -> Path:
     from safetensors import safe_open
 
-    folder = edited_copy(tmp_path, tiny)
+    folder = edited_copy(tmp_path, qwen3vl_tiny)
     (folder / "model.safetensors").unlink()
-    with safe_open(str(tiny / "model.safetensors"), framework="pt") as f:
+    with safe_open(str(qwen3vl_tiny / "model.safetensors"), framework="pt") as f:
         names = list(f.keys())
     weight_map = {n: "model-00001-of-00002.safetensors" for n in names[:-1]}
     weight_map[names[-1]] = "model-00002-of-00002.safetensors"
-    (folder / "model-00001-of-00002.safetensors").symlink_to(tiny / "model.safetensors")
+    (folder / "model-00001-of-00002.safetensors").symlink_to(qwen3vl_tiny / "model.safetensors")
     (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}), encoding="utf-8")
     return folder
 
@@ -200,23 +195,23 @@ def index_of_missing_shard(tmp_path: Path, tiny: Path) -> Path:
         ("still budget upside down", 2, ["--min-pixels/--max-pixels", PREPROCESSOR_FILE]),
     ],
 )
-def test_bad_input_is_one_line_before_weights_load(capsys, tmp_path, tiny, case, code, fragments):
+def test_bad_input_is_one_line_before_weights_load(capsys, tmp_path, qwen3vl_tiny, case, code, fragments):
     flags: list[str] = []
     if case == "missing shard":
-        model = index_of_missing_shard(tmp_path, tiny)
+        model = index_of_missing_shard(tmp_path, qwen3vl_tiny)
     elif case == "no weights":
-        model = edited_copy(tmp_path, tiny)
+        model = edited_copy(tmp_path, qwen3vl_tiny)
         (model / "model.safetensors").unlink()
     elif case == "tokenizer without video pad":
-        model = edited_copy(tmp_path, tiny, drop_video_pad, "tokenizer.json")
+        model = edited_copy(tmp_path, qwen3vl_tiny, drop_video_pad, "tokenizer.json")
     elif case == "smolvlm folder":
         model = ROOT / "models" / "smolvlm-demo"
     elif case == "window too long":
-        model = edited_copy(tmp_path, tiny, shrink_context)
+        model = edited_copy(tmp_path, qwen3vl_tiny, shrink_context)
     elif case == "window as images":
-        model, flags = tiny, ["--window-as", "images"]
+        model, flags = qwen3vl_tiny, ["--window-as", "images"]
     else:
-        model, flags = tiny, ["--max-pixels", "1000"]  # under the checkpoint's minimum for a still
+        model, flags = qwen3vl_tiny, ["--max-pixels", "1000"]  # under the checkpoint's minimum for a still
     out = tmp_path / "out.srt"
     args = ["--engine", "qwen3-vl", "--model", str(model), "-i", str(DEMO_CLIP), *flags, "-o", str(out)]
     got, _, err = caption(capsys, *args)
@@ -246,7 +241,7 @@ def test_pixel_budgets_are_validated_once(kwargs, message):
         DecodingOptions(**kwargs)
 
 
-def test_int8_captions_a_still(capsys, tmp_path, tiny, still):
+def test_int8_captions_a_still(capsys, tmp_path, qwen3vl_tiny, still):
     """--dtype int8 runs (ffai_qwen3vl.precision's plan; its agreement: tests/test_qwen3vl_precision.py)."""
     out = tmp_path / "out.txt"
     code, _, err = caption(
@@ -254,7 +249,7 @@ def test_int8_captions_a_still(capsys, tmp_path, tiny, still):
         "--engine",
         "qwen3-vl",
         "--model",
-        str(tiny),
+        str(qwen3vl_tiny),
         "-i",
         str(still),
         "--dtype",
@@ -268,25 +263,25 @@ def test_int8_captions_a_still(capsys, tmp_path, tiny, still):
     assert out.read_text(encoding="utf-8").strip()
 
 
-def test_check_window_passes_a_whole_checkpoint(tiny):
-    ENGINE.check_window(tiny, 8, DecodingOptions(frame_max_pixels=100_000))
+def test_check_window_passes_a_whole_checkpoint(qwen3vl_tiny):
+    ENGINE.check_window(qwen3vl_tiny, 8, DecodingOptions(frame_max_pixels=100_000))
 
 
-def test_check_window_bounds_thin_frames(tmp_path, tiny):
+def test_check_window_bounds_thin_frames(tmp_path, qwen3vl_tiny):
     # Under a small frame budget a thin frame makes more tokens than the largest square one: the
     # check must bound every frame shape, so a context one token short of the thin window refuses it.
     from ffai_qwen3vl.engine import WIDEST_TIME, prompt_text
     from ffai_qwen3vl.prompt import PromptBuilder
 
     options = DecodingOptions(frame_max_pixels=4096, max_new_tokens=1)
-    cfg = processor_config(tiny, options, 8)
+    cfg = processor_config(qwen3vl_tiny, options, 8)
     text = prompt_text(options, still=False)
-    thin = PromptBuilder.from_dir(tiny).count_tokens(8, 8192, 41, text, [WIDEST_TIME] * 8, cfg)
+    thin = PromptBuilder.from_dir(qwen3vl_tiny).count_tokens(8, 8192, 41, text, [WIDEST_TIME] * 8, cfg)
     folder = tmp_path / "short-context"
     folder.mkdir()
-    for path in tiny.iterdir():
+    for path in qwen3vl_tiny.iterdir():
         (folder / path.name).symlink_to(path)
-    config = json.loads((tiny / "config.json").read_text())
+    config = json.loads((qwen3vl_tiny / "config.json").read_text())
     config["text_config"]["max_position_embeddings"] = thin
     (folder / "config.json").unlink()
     (folder / "config.json").write_text(json.dumps(config))

@@ -19,18 +19,12 @@ from ffai.bench import demo_scenes
 from ffai.captioning import Captioner, CaptionOptions
 from ffai.cli import run
 from ffai.engine import DecodingOptions
-from ffai_qwen3vl.bench.checkpoints import cached_checkpoint
 from live_sources import start_caption
 from live_stream import encode_ts
 from sheet_reader import read
 
 TOKENS = 6
 SAMPLING = ["--fps", "2", "--window", "2", "--max-new-tokens", str(TOKENS)]
-
-
-@pytest.fixture(scope="module")
-def tiny() -> Path:
-    return cached_checkpoint("tiny")
 
 
 @pytest.fixture(scope="module")
@@ -42,12 +36,12 @@ def clip(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def inline_cues(tiny, clip) -> list:
+def inline_cues(qwen3vl_tiny, clip) -> list:
     """The clip read as a file by stages in this process: what every other way of running it
     must give."""
     decoding = DecodingOptions(max_new_tokens=TOKENS)
     with Captioner(
-        CaptionOptions(model=str(tiny), fps=2, window=2, decoding=decoding, placement="inline")
+        CaptionOptions(model=str(qwen3vl_tiny), fps=2, window=2, decoding=decoding, placement="inline")
     ) as captioner:
         cues = list(captioner.captions(captioner.decoder.probe(clip)))
     assert [(c.start_ms, c.end_ms) for c in cues] == [(0, 1000), (1000, 2000)]
@@ -55,11 +49,13 @@ def inline_cues(tiny, clip) -> list:
     return cues
 
 
-def test_a_live_pipe_into_worker_processes_streams_each_answer_and_gives_the_files_cues(tiny, clip, inline_cues):
+def test_a_live_pipe_into_worker_processes_streams_each_answer_and_gives_the_files_cues(
+    qwen3vl_tiny, clip, inline_cues
+):
     """The clip's bytes through standard input (a live source), the stages in a spawned worker
     process, --partial: each cue's pieces come before it, each its text so far, and the cues
     are those of the clip read as a file inline."""
-    args = ["--engine", "qwen3-vl", "--model", str(tiny), "-i", "-", *SAMPLING, "--placement", "workers"]
+    args = ["--engine", "qwen3-vl", "--model", str(qwen3vl_tiny), "-i", "-", *SAMPLING, "--placement", "workers"]
     live = start_caption(*args, "-f", "jsonl", "-o", "-", "--partial", stdin=subprocess.PIPE)
     live.process.stdin.buffer.write(clip.read_bytes())
     live.process.stdin.close()
@@ -74,10 +70,12 @@ def test_a_live_pipe_into_worker_processes_streams_each_answer_and_gives_the_fil
         assert all(b.startswith(a) for a, b in zip(so_far, so_far[1:]))  # each grows the last
 
 
-def test_the_html_sheet_shows_each_cue_with_its_frames(capsys, tmp_path, tiny, clip, inline_cues, monkeypatch):
+def test_the_html_sheet_shows_each_cue_with_its_frames(capsys, tmp_path, qwen3vl_tiny, clip, inline_cues, monkeypatch):
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
     out = tmp_path / "clip.html"
-    code = run(["caption", "--engine", "qwen3-vl", "--model", str(tiny), "-i", str(clip), *SAMPLING, "-o", str(out)])
+    code = run(
+        ["caption", "--engine", "qwen3-vl", "--model", str(qwen3vl_tiny), "-i", str(clip), *SAMPLING, "-o", str(out)]
+    )
     assert code == 0, capsys.readouterr().err
     page = read(out.read_text(encoding="utf-8"))
     expected = [(c.start_ms, c.end_ms, c.text) for c in inline_cues]
@@ -88,17 +86,17 @@ def test_the_html_sheet_shows_each_cue_with_its_frames(capsys, tmp_path, tiny, c
 # --- bad input: one line naming the file, before weights load ---------------------------------
 
 
-def two_shards(tmp_path: Path, tiny: Path, *, index: bool = True, edit=None) -> Path:
+def two_shards(tmp_path: Path, qwen3vl_tiny: Path, *, index: bool = True, edit=None) -> Path:
     """The tiny checkpoint as two shards (the vision tower's tensors in the second) and, with
     ``index``, their index; ``config.json`` edited by ``edit``."""
     from safetensors.torch import load_file, save_file
 
     folder = tmp_path / "model"
     folder.mkdir()
-    for path in tiny.iterdir():
+    for path in qwen3vl_tiny.iterdir():
         if path.name != "model.safetensors":
             shutil.copy(path, folder / path.name)
-    tensors = load_file(str(tiny / "model.safetensors"))
+    tensors = load_file(str(qwen3vl_tiny / "model.safetensors"))
     shards = {f"model-0000{i}-of-00002.safetensors": {} for i in (1, 2)}
     for name, tensor in tensors.items():
         shards[list(shards)[name.startswith("model.visual.")]][name] = tensor
@@ -130,12 +128,14 @@ def narrower_text_mlp(config: dict) -> None:
         ("qwen model on smolvlm", ["qwen3-vl-2b-instruct.toml: ", "--engine qwen3-vl"]),
     ],
 )
-def test_a_bad_checkpoint_or_model_is_one_line_before_weights_load(capsys, tmp_path, tiny, clip, case, fragments):
+def test_a_bad_checkpoint_or_model_is_one_line_before_weights_load(
+    capsys, tmp_path, qwen3vl_tiny, clip, case, fragments
+):
     engine, model = "qwen3-vl", None
     if case == "shards disagree with config":
-        model = str(two_shards(tmp_path, tiny, edit=narrower_text_mlp))
+        model = str(two_shards(tmp_path, qwen3vl_tiny, edit=narrower_text_mlp))
     elif case == "shards without their index":
-        model = str(two_shards(tmp_path, tiny, index=False))
+        model = str(two_shards(tmp_path, qwen3vl_tiny, index=False))
     elif case == "smolvlm model on qwen3-vl":
         model = "smolvlm-demo"
     else:

@@ -157,20 +157,15 @@ def test_int8_on_cuda_is_refused_in_one_line():
 
 
 @pytest.fixture(scope="module")
-def tiny():
-    return cached_checkpoint("tiny")
+def exact(qwen3vl_tiny):
+    return load_model(qwen3vl_tiny)
 
 
 @pytest.fixture(scope="module")
-def exact(tiny):
-    return load_model(tiny)
-
-
-@pytest.fixture(scope="module")
-def prepared(tiny):
+def prepared(qwen3vl_tiny):
     from ffai_qwen3vl.stages import Preprocessor
 
-    return Preprocessor(tiny)(cases.items("frame")[0].request(cases.decoding()))
+    return Preprocessor(qwen3vl_tiny)(cases.items("frame")[0].request(cases.decoding()))
 
 
 def features_and_logits(model, prepared) -> list[torch.Tensor]:
@@ -185,14 +180,14 @@ def features_and_logits(model, prepared) -> list[torch.Tensor]:
 
 
 @pytest.mark.parametrize(("dtype", "cpuinfo"), [("int8", None), ("int8", AVX2_ONLY), ("bfloat16", None)])
-def test_every_kind_builds_and_agrees_on_the_tiny_checkpoint(tiny, exact, prepared, dtype, cpuinfo):
+def test_every_kind_builds_and_agrees_on_the_tiny_checkpoint(qwen3vl_tiny, exact, prepared, dtype, cpuinfo):
     """The tiny towers (4 vision blocks, 3 text layers) are shallower than the wide layers, so
     here only the first layer of each is wide: every kind of the plan is built from the file with
     no float32 copy left, and the features and prefill logits keep the gate's cosine with float32.
     AVX2's recipe (fbgemm's 7-bit tiles, float32 rows) runs here too: its kernels exist on any x86."""
     plan = plan_precision(dtype, None if cpuinfo is None else host.parse_cpuinfo(cpuinfo))
     plan = dataclasses.replace(plan, linears=tuple((p.replace("[0-3]", "0"), k) for p, k in plan.linears))
-    model = load_model(tiny, dtype, precision=plan)
+    model = load_model(qwen3vl_tiny, dtype, precision=plan)
     for name, module in model.named_modules():
         kind = plan.linear(name)
         if isinstance(module, torch.nn.Linear):
