@@ -2,22 +2,21 @@
 every arm in one process, one step of each in turn, beside the memory floor and llama.cpp.
 
     python scripts/bench_compiled_decode.py [--threads 1,2] [--tokens 32] [--model DIR]
-        [--arms float32,int8,int8+compile,int8+frozen,int8+aoti,bfloat16,bfloat16+compile]
+        [--arms float32,int8,int8+compile,int8+compile-head,bfloat16] [--rss ARM]
         [--llama-bench BIN --gguf FILE]
 
 Each arm loads the text tower in its dtype and decodes from its own cache after a prefill of
 ``--prompt`` random tokens; a round times one step of every arm, so a load from other work on
 the machine falls on all arms alike. The floor is the bytes a step must read (the text tower's
-weights and the cache's filled prefix) at the bandwidth ``--bandwidth`` (GB/s) gives. Compiled
-arms compile into a temporary FFAI_HOME unless FFAI_HOME is set; the first step of a compiled arm
-(compile or cache load) is timed separately and printed. Tokens of each compiled arm are compared
-with its eager arm's (greedy, same prompt).
+weights and the cache's filled prefix) at the bandwidth ``--bandwidth`` (GB/s) gives.
 
-``+frozen`` is a lever measured here, not shipped: the whole step (every layer, the norm and the
-LM head) as one module whose weights are buffers, compiled with freezing and max-autotune, so
-inductor's C++ GEMM templates (weight-only int8, bfloat16) may replace the eager kernels.
-``+aoti`` is the same module exported and compiled by AOTInductor (default settings) into one
-package with its weights, under FFAI_HOME, before the timed steps; its load time is printed.
+``+compile`` is the shipped step (``CompiledDecode``: the AOTInductor package, the LM head eager's);
+``+compile-head`` the same with the LM head inside the package (``torch._weight_int8pack_mm``), a
+lever measured here. Each is compiled into a temporary FFAI_HOME unless FFAI_HOME is set, before
+the timed steps, then loaded again as a new process would: both times are printed. Tokens of each
+compiled arm are compared with its eager arm's and with float32's (greedy, same prompt).
+``--rss ARM`` instead runs that one arm alone for ``--tokens`` steps (its package compiled
+beforehand in another process) and prints the peak RSS after the load and after decoding.
 ``--llama-bench`` (scripts/build_llama_cpp.sh) times llama.cpp's token generation on ``--gguf``
 (scripts/build_llama_cpp.py: Q8_0 at the same shapes) right after the arms, at the same thread
 count and cache depth, its ms/token printed in the same table.
@@ -28,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -36,156 +36,10 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
-from torch import nn
 
-from ffai.opt_in_linears import PackedBf16Linear, QuantizedLinear, RowScaledLinear
 from ffai_smolvlm import compiled_decode
 
 WEIGHT_BYTES = {"float32": 4, "bfloat16": 2, "int8": 1}
-
-
-# Inductor's settings for the frozen step: its weights become constants, which lets inductor's C++
-# GEMM templates (weight-only int8 by row, bfloat16; AMX or AVX-512 micro-kernels) replace the
-# eager kernels, chosen by timing each candidate at the step's own shapes.
-FROZEN_OPTIONS = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}
-
-
-class FrozenLinear(nn.Module):
-    """One linear of the frozen step, its weight a buffer (a constant once frozen): int8 by row
-    (``RowScaledLinear``'s weight and scales, or fbgemm's unpacked: the same symmetric int8) times a
-    bfloat16 row, as ``RowScaledLinear`` multiplies a decode row; bfloat16 (oneDNN's packed
-    weights, unpacked); else the float weight as it is."""
-
-    def __init__(self, linear: nn.Module) -> None:
-        super().__init__()
-        bias = None
-        if isinstance(linear, RowScaledLinear):
-            self.kind = "int8"
-            self.register_buffer("weight", linear.int8_weight)
-            self.register_buffer("scale", linear.scale)
-            bias = linear.bias
-        elif isinstance(linear, QuantizedLinear):
-            self.kind = "int8"
-            qweight, bias = torch.ops.quantized.linear_unpack(linear.packed)
-            if bool(qweight.q_per_channel_zero_points().any()):
-                raise ValueError("an int8 weight with zero points")
-            self.register_buffer("weight", qweight.int_repr().contiguous())
-            self.register_buffer("scale", qweight.q_per_channel_scales().float())
-        elif isinstance(linear, PackedBf16Linear):
-            self.kind = "bf16"
-            self.register_buffer("weight", linear.dense_weight().contiguous())
-            bias = linear.bias
-        else:
-            self.kind = "float"
-            self.register_buffer("weight", linear.weight.detach())
-            bias = linear.bias
-        if self.kind == "int8":
-            self.register_buffer("unit", torch.ones(self.weight.shape[0], dtype=torch.bfloat16))
-        self.register_buffer("bias", None if bias is None else bias.detach().float())
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, x.shape[-1])
-        if self.kind == "int8":
-            y = torch._weight_int8pack_mm(rows.to(torch.bfloat16), self.weight, self.unit).float() * self.scale
-        elif self.kind == "bf16":
-            y = F.linear(rows.to(torch.bfloat16), self.weight).float()
-        else:
-            y = F.linear(rows.to(self.weight.dtype), self.weight).to(x.dtype)
-        if self.bias is not None:
-            y = y + self.bias
-        return y.view(*x.shape[:-1], y.shape[-1])
-
-
-class _FrozenMLP(nn.Module):
-    def __init__(self, mlp) -> None:
-        super().__init__()
-        self.gate_up, self.down_proj = FrozenLinear(mlp.gate_up), FrozenLinear(mlp.down_proj)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up.forward(x).chunk(2, dim=-1)
-        return self.down_proj.forward(F.silu(gate) * up)
-
-
-class _FrozenAttention(nn.Module):
-    def __init__(self, attn) -> None:
-        super().__init__()
-        self.n_heads, self.n_kv, self.head_dim = attn.n_heads, attn.n_kv, attn.head_dim
-        self.qkv, self.o_proj = FrozenLinear(attn.qkv), FrozenLinear(attn.o_proj)
-
-
-class _FrozenLayer(nn.Module):
-    """A decoder layer with :class:`FrozenLinear` linears, for :func:`layer_step`."""
-
-    def __init__(self, layer: nn.Module) -> None:
-        super().__init__()
-        self.input_layernorm, self.post_attention_layernorm = layer.input_layernorm, layer.post_attention_layernorm
-        self.self_attn, self.mlp = _FrozenAttention(layer.self_attn), _FrozenMLP(layer.mlp)
-
-
-class FrozenStep(nn.Module):
-    """The whole decode step, every layer, the norm and the LM head, as one module whose weights
-    are buffers: compiled with :data:`FROZEN_OPTIONS` it is one program. Its int8 weights are the
-    model's own tensors; the bfloat16 ones are unpacked copies."""
-
-    def __init__(self, text: nn.Module) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList(_FrozenLayer(layer) for layer in text.layers)
-        self.norm, self.lm_head = text.norm, FrozenLinear(text.lm_head)
-
-    def forward(self, x, pos, cos, sin, ks: list[torch.Tensor], vs: list[torch.Tensor]) -> torch.Tensor:
-        for layer, k, v in zip(self.layers, ks, vs):
-            x = compiled_decode.layer_step(layer, x, pos, cos, sin, k, v)
-        return self.lm_head.forward(self.norm.forward(x))[:, -1]
-
-
-class FrozenDecode:
-    """The decode step as one frozen program (:class:`FrozenStep`), compiled in this process by
-    its first call (inductor does not cache a frozen graph's code on disk); the same contract as
-    ``compiled_decode.CompiledDecode``'s call."""
-
-    def __init__(self, text: nn.Module) -> None:
-        self.text = text
-        self.step = None
-
-    def __call__(self, x: torch.Tensor, pos: torch.Tensor, cache: object) -> torch.Tensor | None:
-        if x.shape[0] != 1:
-            return None
-        if self.step is None:
-            module = FrozenStep(self.text).eval()
-            self.step = torch.compile(module, fullgraph=True, dynamic=False, options=FROZEN_OPTIONS)
-        first = int(pos[0])
-        cos, sin = self.text._rope_rows(first, first + 1, x)
-        if 2 not in getattr(cache.k[0], "_dynamo_dynamic_indices", ()):  # one graph for every cache length
-            for t in (*cache.k, *cache.v):
-                torch._dynamo.mark_dynamic(t, 2)
-        return self.step(x, pos, cos, sin, list(cache.k), list(cache.v))
-
-
-class AotiDecode:
-    """:class:`FrozenStep` exported (the caches' length dynamic, written in place) and compiled
-    ahead of time by AOTInductor into one package holding its weights, then loaded: the road to a
-    warm start without tracing. Compiled at construction; the same call as ``FrozenDecode``."""
-
-    def __init__(self, text: nn.Module, x, pos, cache, package: Path) -> None:
-        self.text = text
-        step = FrozenStep(text).eval()
-        cos, sin = text._rope_rows(int(pos[0]), int(pos[0]) + 1, x)
-        length = torch.export.Dim("length", min=2, max=1 << 16)
-        ks, vs = list(cache.k), list(cache.v)
-        dynamic = {"x": None, "pos": None, "cos": None, "sin": None}
-        dynamic |= {"ks": [{2: length}] * len(ks), "vs": [{2: length}] * len(vs)}
-        with torch.no_grad():
-            program = torch.export.export(step, (x, pos, cos, sin, ks, vs), dynamic_shapes=dynamic)
-        torch._inductor.aoti_compile_and_package(program, package_path=str(package))
-        start = time.perf_counter()
-        self.runner = torch._inductor.aoti_load_package(str(package))
-        self.load_s = time.perf_counter() - start
-
-    def __call__(self, x, pos, cache) -> torch.Tensor | None:
-        first = int(pos[0])
-        cos, sin = self.text._rope_rows(first, first + 1, x)
-        return self.runner(x, pos, cos, sin, list(cache.k), list(cache.v))
 
 
 def weight_bytes(text, dtype: str) -> int:
@@ -200,7 +54,8 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--prompt", type=int, default=120)
     parser.add_argument("--model", help="checkpoint folder (default: the real-shape random test checkpoint)")
-    parser.add_argument("--arms", default="float32,int8,int8+compile,bfloat16,bfloat16+compile")
+    parser.add_argument("--arms", default="float32,int8,int8+compile,bfloat16")
+    parser.add_argument("--rss", help="one arm alone: its peak RSS after the load and after decoding")
     parser.add_argument("--bandwidth", type=float, default=26.0, help="GB/s for the floor")
     parser.add_argument("--llama-bench", help="llama.cpp's llama-bench binary (scripts/build_llama_cpp.sh)")
     parser.add_argument("--gguf", help="the Q8_0 model for --llama-bench (scripts/build_llama_cpp.py)")
@@ -218,65 +73,50 @@ def main() -> int:
 
 def run(args, threads: int) -> int:
     from ffai.bench import checkpoints
-    from ffai_smolvlm.generate import decode_one_token, prefill
-    from ffai_smolvlm.precision import plan_precision
-    from ffai_smolvlm.weights import load_model, weight_files
+    from ffai_smolvlm.weights import weight_files
 
     torch.set_num_threads(threads)
     path = Path(args.model) if args.model else checkpoints.checkpoint("real")
+    if args.rss:
+        return rss(args, path, args.rss)
     arms = args.arms.split(",")
-    models, caches, tokens, first_step, loaded = {}, {}, {}, {}, {}
+    models, caches, tokens, steps, loaded = {}, {}, {}, {}, {}
     prompt, n = args.prompt, args.tokens
     ids = torch.randint(0, 49152, (1, prompt), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
         for arm in arms:
             dtype = arm.split("+")[0]
             if dtype not in loaded:
-                loaded[dtype] = load_model(path, plan_precision(dtype, "cpu"), parts=("text",))
-            model = loaded[dtype]
-            models[arm] = model
-            cache = model.text.new_cache(1, prompt + n + 8)
-            logits = prefill(model, model.text.embed_tokens(ids), cache)
-            caches[arm] = cache
-            tokens[arm] = [int(logits.argmax(-1))]
-        steps_logits: dict[str, list] = {}
-        steps = {
-            arm: compiled_decode.CompiledDecode(
-                models[arm].text, compiled_decode.cache_dir(weight_files(path), dtype), dtype
-            )
-            for arm in arms
-            if arm.endswith("+compile") and (dtype := arm.split("+")[0])
-        }
-        steps |= {arm: FrozenDecode(models[arm].text) for arm in arms if arm.endswith("+frozen")}
+                loaded[dtype] = load(path, dtype)
+            models[arm] = loaded[dtype]
+            caches[arm], tokens[arm] = start(models[arm], ids, prompt + n + 8)
         for arm in arms:
-            if arm.endswith("+aoti"):  # compiled here, before the timed steps; the load time printed
-                start = time.perf_counter()
-                x = models[arm].text.embed_tokens(torch.tensor([[tokens[arm][-1]]]))
-                package = Path(os.environ["FFAI_HOME"]) / f"decode-{arm}.pt2"
-                steps[arm] = AotiDecode(models[arm].text, x, torch.tensor([prompt]), caches[arm], package)
-                print(f"{arm}: exported and compiled in {time.perf_counter() - start:.1f} s, package", end=" ")
-                print(f"{package.stat().st_size / 1e6:.1f} MB, loaded in {steps[arm].load_s:.2f} s", flush=True)
-
-        def step(arm: str, i: int) -> None:
-            model = models[arm]
-            model.text.compiled_decode = steps.get(arm)  # arms of one dtype share its model
-            pos = torch.tensor([prompt + i])
-            logits = decode_one_token(model, torch.tensor([tokens[arm][-1]]), pos, caches[arm])
-            tokens[arm].append(int(logits.argmax(-1)))
-            steps_logits.setdefault(arm, []).append(logits.float().clone())
-
-        for arm in arms:  # first step: compile or cache load for compiled arms
-            start = time.perf_counter()
-            step(arm, 0)
-            first_step[arm] = time.perf_counter() - start
-        walls = {arm: [] for arm in arms}
-        for i in range(1, n):
+            if "+compile" in arm:  # compiled here, before the timed steps, then loaded as a new process would
+                dtype, head = arm.split("+")[0], arm.endswith("-head")
+                folder = compiled_decode.cache_dir(weight_files(path), dtype)
+                folder = folder.with_name(folder.name + ("-head" if head else ""))
+                text, x = models[arm].text, models[arm].text.embed_tokens(torch.tensor([[tokens[arm][-1]]]))
+                begin = time.perf_counter()
+                compiled_decode.CompiledDecode(text, folder, dtype, head)._prepare(
+                    x, torch.tensor([prompt]), *text._rope_rows(prompt, prompt + 1, x), caches[arm]
+                )
+                compile_s = time.perf_counter() - begin
+                steps[arm] = compiled_decode.CompiledDecode(text, folder, dtype, head)
+                begin = time.perf_counter()
+                steps[arm]._prepare(x, torch.tensor([prompt]), *text._rope_rows(prompt, prompt + 1, x), caches[arm])
+                print(f"{arm}: compiled in {compile_s:.1f} s, a new load took {time.perf_counter() - begin:.2f} s")
+        steps_logits: dict[str, list] = {}
+        walls: dict[str, list] = {arm: [] for arm in arms}
+        for i in range(n):
             for arm in arms:
-                start = time.perf_counter()
-                step(arm, i)
-                walls[arm].append(time.perf_counter() - start)
+                models[arm].text.compiled_decode = steps.get(arm)  # arms of one dtype share its model
+                begin = time.perf_counter()
+                logits = step(models[arm], tokens[arm], prompt + i, caches[arm])
+                if i:  # the first step of each arm warms it
+                    walls[arm].append(time.perf_counter() - begin)
+                steps_logits.setdefault(arm, []).append(logits.float().clone())
     print(f"checkpoint {path.name}, torch {torch.__version__}, {threads} thread(s), prompt {prompt}, {n} steps")
-    print(f"{'arm':<20}{'ms/token':>10}{'floor ms':>10}{'first step s':>14}  tokens")
+    print(f"{'arm':<20}{'ms/token':>10}{'floor ms':>10}  tokens")
     for arm in arms:
         dtype = arm.split("+")[0]
         floor = 1e3 * weight_bytes(models[arm].text, dtype) / (args.bandwidth * 1e9)
@@ -285,11 +125,54 @@ def run(args, threads: int) -> int:
             same = _agreement(tokens, steps_logits, arm, dtype, n, "eager")
         if arm != "float32" and "float32" in arms:
             same += _agreement(tokens, steps_logits, arm, "float32", n, "float32")
-        print(f"{arm:<20}{1e3 * statistics.median(walls[arm]):>10.2f}{floor:>10.2f}{first_step[arm]:>14.2f}  {same}")
+        print(f"{arm:<20}{1e3 * statistics.median(walls[arm]):>10.2f}{floor:>10.2f}  {same}")
     if args.llama_bench:
-        print(
-            f"{'llama.cpp Q8_0':<20}{_llama_cpp_ms(args, threads):>10.2f}{'':>10}{'':>14}  llama-bench tg{n} at depth {prompt}"
-        )
+        print(f"{'llama.cpp Q8_0':<20}{_llama_cpp_ms(args, threads):>10.2f}  llama-bench tg{n} at depth {prompt}")
+    return 0
+
+
+def load(path: Path, dtype: str):
+    from ffai_smolvlm.precision import plan_precision
+    from ffai_smolvlm.weights import load_model
+
+    return load_model(path, plan_precision(dtype, "cpu"), parts=("text",))
+
+
+def start(model, ids: torch.Tensor, length: int) -> tuple:
+    """A cache of ``length`` positions filled by the prompt's prefill, and the first token."""
+    from ffai_smolvlm.generate import prefill
+
+    cache = model.text.new_cache(1, length)
+    logits = prefill(model, model.text.embed_tokens(ids), cache)
+    return cache, [int(logits.argmax(-1))]
+
+
+def step(model, tokens: list[int], pos: int, cache) -> torch.Tensor:
+    """One greedy step at ``pos``: its token appended to ``tokens``, its logits returned."""
+    from ffai_smolvlm.generate import decode_one_token
+
+    logits = decode_one_token(model, torch.tensor([tokens[-1]]), torch.tensor([pos]), cache)
+    tokens.append(int(logits.argmax(-1)))
+    return logits
+
+
+def rss(args, path: Path, arm: str) -> int:
+    """``arm`` alone: peak RSS after the load (and the compiled step's package load) and after decoding."""
+    from ffai_smolvlm.weights import weight_files
+
+    dtype = arm.split("+")[0]
+    ids = torch.randint(0, 49152, (1, args.prompt), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        model = load(path, dtype)
+        cache, tokens = start(model, ids, args.prompt + args.tokens + 8)
+        if "+compile" in arm:
+            compiled_decode.attach(model.text, weight_files(path), dtype)
+        step(model, tokens, args.prompt, cache)  # the package's load, where compiled
+        loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        for i in range(1, args.tokens):
+            step(model, tokens, args.prompt + i, cache)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"{arm}: peak RSS {loaded:.0f} MiB after the load and first step, {peak:.0f} MiB after {args.tokens} steps")
     return 0
 
 

@@ -1,19 +1,21 @@
 """int8's compiled decode step (engines/smolvlm/compiled_decode.py) on the tiny checkpoint: the
-same tokens as the eager step, greedy and sampled; a fresh load, with torch's in-memory compile
-state cleared, reuses the compiled artifacts on disk (inductor's cache hit, no file added to the
-cache folder, no compile note) and keeps one graph for a longer cache; a cache folder that cannot
-be written leaves the eager step with one warning; loading attaches the step only where
-FFAI_COMPILE_DECODE=1 asks.
+same tokens as the eager step, greedy and sampled; a fresh load reads the AOTInductor package from
+disk (no compile note, no file added to the cache folder) and serves a longer cache with it; a
+cache folder that cannot be written, or a package that cannot be read, leaves the eager step with
+one warning; the cache's key is the weights' sha256 (a hub blob's name, else the file hashed once
+and recorded); loading attaches the step only where FFAI_COMPILE_DECODE=1 asks.
 
 The compile is paid once, by a module fixture, with inductor compiling in this process: its
 worker processes cost more to start than the tiny graph costs to compile.
 
 The tiny tower's two layers are among those the int8 plan keeps wider, so the model here is
-loaded with every text linear int8 by row (the LM head on fbgemm), the layers the step compiles."""
+loaded with every text linear int8 by row (the LM head on fbgemm), as the real plan's later layers."""
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import os
 from pathlib import Path
 
 import pytest
@@ -55,7 +57,6 @@ def compiled_home(tmp_path_factory, tiny_checkpoint):
     home = tmp_path_factory.mktemp("ffai-home")
     with pytest.MonkeyPatch.context() as mp, torch._inductor.config.patch(compile_threads=1):
         mp.setenv("FFAI_HOME", str(home))
-        mp.setenv("TORCHINDUCTOR_CACHE_DIR", str(home / "elsewhere"))  # restored after the module
         with messages.collect() as said:
             greedy, sampled = tokens(tiny_checkpoint, GREEDY, SAMPLED, compiled=True)
     return home, greedy, sampled, said
@@ -70,29 +71,56 @@ def test_compiled_step_gives_the_eager_tokens(compiled_home, tiny_checkpoint):
 
 
 @pytest.mark.slow
-def test_a_fresh_load_reuses_the_compiled_step_and_a_longer_cache_its_graph(
-    compiled_home, tiny_checkpoint, monkeypatch
-):
+def test_a_fresh_load_reads_the_package_and_serves_a_longer_cache(compiled_home, tiny_checkpoint, monkeypatch):
     home, greedy, _, _ = compiled_home
-    (folder,) = (home / "compiled").iterdir()
-    assert (folder / compiled_decode.MARKER).is_file()
-    before = sorted(p.relative_to(folder) for p in folder.rglob("*") if p.is_file())
+    (folder,) = (p for p in (home / "compiled").iterdir() if p.is_dir())
+    assert (folder / compiled_decode.PACKAGE).is_file()
+    before = sorted(p.relative_to(folder) for p in folder.rglob("*"))
     monkeypatch.setenv("FFAI_HOME", str(home))
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(home / "elsewhere"))  # the step sets it; restored after
-    torch._dynamo.reset()  # a new process's state: nothing traced or compiled in memory
-    counters = torch._dynamo.utils.counters
-    hits = counters["inductor"]["fxgraph_cache_hit"]
     net = load(tiny_checkpoint, compiled=True)
     long = DecodingOptions(max_new_tokens=300, force_new_tokens=True)
-    with messages.collect() as said, torch.inference_mode(), torch._inductor.config.patch(compile_threads=1):
+    with messages.collect() as said, torch.inference_mode():
         assert generate(net, PROMPT, None, GREEDY, stop_ids=[]) == greedy  # a cache of 256 positions
-        graphs = counters["stats"]["unique_graphs"]
-        generate(net, PROMPT, None, long, stop_ids=[])  # one of 512: the cache is replaced
+        longer = generate(net, PROMPT, None, long, stop_ids=[])  # one of 512: the cache is replaced
     assert said == []  # no compile note
-    assert counters["inductor"]["fxgraph_cache_hit"] > hits  # the code read from the folder
-    assert sorted(p.relative_to(folder) for p in folder.rglob("*") if p.is_file()) == before  # nothing compiled again
-    assert net.text.cache.max_len > 256
-    assert counters["stats"]["unique_graphs"] == graphs  # nothing traced again for the longer cache
+    assert net.text.compiled_decode.runner is not None and net.text.compiled_decode.load_s < 2
+    assert sorted(p.relative_to(folder) for p in folder.rglob("*")) == before  # nothing compiled again
+    assert net.text.cache.max_len > 256 and longer[: len(greedy)] == greedy
+
+
+@pytest.mark.slow
+def test_a_package_that_cannot_be_read_leaves_the_eager_step(compiled_home, tiny_checkpoint, tmp_path, monkeypatch):
+    _, greedy, _, _ = compiled_home
+    monkeypatch.setenv("FFAI_HOME", str(tmp_path))
+    folder = compiled_decode.cache_dir(weight_files(tiny_checkpoint), "int8")
+    folder.mkdir(parents=True)
+    (folder / compiled_decode.PACKAGE).write_bytes(b"not a zip\n")  # a truncated or foreign file
+    with messages.collect() as said:
+        got = tokens(tiny_checkpoint, GREEDY, compiled=True)
+    assert [m.level for m in said] == ["warning"]
+    assert "could not load the compiled decode step" in said[0].text and "runs uncompiled" in said[0].text
+    assert got == [greedy] == tokens(tiny_checkpoint, GREEDY, compiled=False)
+
+
+def test_the_key_is_the_weights_sha256(tmp_path, monkeypatch):
+    monkeypatch.setenv("FFAI_HOME", str(tmp_path / "home"))
+    digest = "ab" * 32
+    blob = tmp_path / "hub" / "blobs" / digest
+    blob.parent.mkdir(parents=True)
+    blob.write_bytes(b"not what the name says")  # a hub blob is named by its checked sha256: not read
+    link = tmp_path / "hub" / "snapshots" / "model.safetensors"
+    link.parent.mkdir()
+    link.symlink_to(blob)
+    assert compiled_decode.weight_sha256(link) == digest
+    local = tmp_path / "model.safetensors"
+    local.write_bytes(b"weights")
+    assert compiled_decode.weight_sha256(local) == hashlib.sha256(b"weights").hexdigest()
+    key = compiled_decode.cache_dir([local], "int8")
+    st = local.stat()
+    local.write_bytes(b"Weights")
+    os.utime(local, ns=(st.st_atime_ns, st.st_mtime_ns))  # same path, size and mtime: another file
+    assert compiled_decode.weight_sha256(local) == hashlib.sha256(b"Weights").hexdigest()
+    assert compiled_decode.cache_dir([local], "int8") != key
 
 
 def test_a_cache_that_cannot_be_written_leaves_the_eager_step(tiny_checkpoint, tmp_path, monkeypatch):

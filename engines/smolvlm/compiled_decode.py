@@ -1,37 +1,41 @@
-"""int8's decode step with its layers compiled by torch's inductor (opt-in:
-``FFAI_COMPILE_DECODE=1``), the compiled code cached on disk under ffai's home so a machine pays
-the compile once.
+"""int8's decode step as one AOTInductor program (opt-in: ``FFAI_COMPILE_DECODE=1``), compiled
+once per machine into a package under ffai's home and loaded from it by later processes.
 
-:func:`layer_step` is one decoder layer of ``generate.decode_one_token`` at static shapes: one
-token, the layer's whole cache with the positions after ``pos`` masked (gpt-fast's form), the
-position a tensor. A :class:`LayerSpan` runs it over a run of consecutive layers, and each run
-whose layers trace is one compiled graph: one call and one guard check a step (a graph per
-layer cost as much in guards as it saved). The cache's length is marked dynamic, so the graph
-serves every step of every request, a longer cache included. The layers' own linears run inside
-it, so the kernels are the eager ones; what the compiler removes is the Python between them
-(about 20 ops a layer for one row), and it fuses the norms, RoPE and residual additions, which
-then round a little otherwise than eager's (docs/precision-and-speed.md). Only layers whose
-linears are int8 by row with bfloat16 rows (``RowScaledLinear``'s one-row
-``torch._weight_int8pack_mm``) are compiled: fbgemm's packed weights (int8's LM head, its linears
-on CPUs without native bfloat16) cannot be traced, oneDNN's packed bfloat16 weights (the plan's
-wide first layers, and ``--dtype bfloat16``) are taken by inductor only as constants of a frozen
-graph, which is not cached on disk. Those layers run the same function uncompiled, and the norm
-and LM head run eagerly.
+:class:`FrozenStep` is the step for one token up to the LM head: every decoder layer as
+:func:`layer_step` (gpt-fast's form: the layer's whole cache with the positions after ``pos``
+masked, the position a tensor, the key and value written into the caches in place) and the final
+norm. It is exported with the caches' length dynamic, so one program serves every step and every
+cache size, and compiled by ``torch._inductor.aoti_compile_and_package``: inductor's C++ wrapper
+calls the kernels with no Python between them, and fuses the norms, RoPE and residual additions,
+which then round a little otherwise than eager's (docs/precision-and-speed.md, "Compiled
+decode"). The LM head stays eager's (fbgemm, int8): faster for its one row than the packaged
+kernel, and its rounding is eager's.
 
-:class:`CompiledDecode` owns the cache folder (``cache_dir``: keyed by the weight files'
-identity, the dtype, torch's version and the CPU's flags; inductor adds the thread count to its
-own keys), the one-time compile with its progress line, and the fallback: a folder that cannot
-be written, or a compile that fails, leaves the eager step with one warning. float32 never comes
-here: its eager path is the exact one.
+Its linears are :class:`FrozenLinear`: a decode row multiplied in bfloat16 by the int8 weight
+(``torch._weight_int8pack_mm``), as ``RowScaledLinear`` multiplies one row; so the step is built
+only where the plan's text linears are int8 by row with bfloat16 rows (CPUs with native
+bfloat16). oneDNN's packed bfloat16 layers (the plan's wide first layers) are unpacked to their
+bfloat16 weight. The package holds no weights (``package_constants_in_so=False``): after loading,
+the model's own int8 tensors are handed to it (``user_managed``: shared, not copied), so only the
+unpacked bfloat16 layers are held twice.
+
+:class:`CompiledDecode` owns the package's folder (:func:`cache_dir`: keyed by the weight files'
+sha256, the dtype, torch's version, the CPU's flags and this module's source), the one-time compile
+with its progress line, and the fallback: a folder that cannot be written, a package that cannot
+be read, or a compile that fails leaves the eager step with one warning. float32 never comes here:
+its eager path is the exact one.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
 import os
+import re
+import shutil
+import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -40,21 +44,23 @@ from torch import nn
 
 from ffai import host, messages
 from ffai.models import ffai_home
-from ffai.opt_in_linears import RowScaledLinear
+from ffai.opt_in_linears import PackedBf16Linear, QuantizedLinear, RowScaledLinear
 
 from .text import DecoderLayer, KVCache, TextModel, apply_rope
 
 # Set to 1 to compile int8's decode step (docs/precision-and-speed.md, "Compiled decode").
 ENV = "FFAI_COMPILE_DECODE"
 DTYPES = ("int8",)
-MARKER = "compiled.json"  # written once a compile has filled the folder
+PACKAGE = "decode.pt2"
+HASHES = "sha256.json"  # ffai home's record of local weight files' sha256, by their inode and times
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 def enabled(dtype: str) -> bool:
     return dtype in DTYPES and os.environ.get(ENV, "") == "1"
 
 
-def layer_step(layer: DecoderLayer, x, pos, cos, sin, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+def layer_step(layer: nn.Module, x, pos, cos, sin, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
     """``layer`` on the (1, 1, D) hidden state of the token at ``pos`` ((1,) long): its key and
     value written into the caches at ``pos``, attention over the filled prefix. ``cos``/``sin``
     are the RoPE rows at ``pos`` ((1, hd) each)."""
@@ -71,121 +77,251 @@ def layer_step(layer: DecoderLayer, x, pos, cos, sin, k_cache: torch.Tensor, v_c
     return x + mlp.forward(layer.post_attention_layernorm.forward(x))
 
 
-def compilable(layer: DecoderLayer) -> bool:
-    """Whether every linear of ``layer`` traces: int8 by row with bfloat16 rows, whose one row is
-    ``torch._weight_int8pack_mm`` (with float32 rows it reads the row's range as a Python float)."""
-    linears = (layer.self_attn.qkv, layer.self_attn.o_proj, layer.mlp.gate_up, layer.mlp.down_proj)
-    return all(isinstance(m, RowScaledLinear) and m.rows_dtype == torch.bfloat16 for m in linears)
+class FrozenLinear(nn.Module):
+    """One linear of the step, its weight a buffer the package takes as a constant: int8 by row
+    (``RowScaledLinear``'s own tensors, or fbgemm's unpacked: the same symmetric int8) times a
+    bfloat16 row, as ``RowScaledLinear`` multiplies a decode row; bfloat16 (oneDNN's packed weight,
+    unpacked)."""
 
-
-def cache_dir(weights: list[Path], dtype: str) -> Path:
-    """The folder for one checkpoint's compiled step in ``dtype`` on this machine and torch. The
-    graph holds no weights (they stay inputs), so the files' identity keys it, not their hash."""
-    identity: list = [dtype, torch.__version__, sorted(host.cpu_info().flags)]
-    for path in weights:
-        st = path.stat()
-        identity.append([str(path.resolve()), st.st_size, st.st_mtime_ns])
-    key = hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:16]
-    return ffai_home() / "compiled" / f"smolvlm-decode-{dtype}-{key}"
-
-
-class LayerSpan(nn.Module):
-    """Consecutive layers, each as :func:`layer_step`; ``ks``/``vs`` are their caches."""
-
-    def __init__(self, layers) -> None:
+    def __init__(self, linear: nn.Module) -> None:
         super().__init__()
-        self.layers = layers
+        if isinstance(linear, RowScaledLinear):
+            self.kind = "int8"
+            self.register_buffer("weight", linear.int8_weight)
+            self.register_buffer("scale", linear.scale)
+            bias = linear.bias
+        elif isinstance(linear, QuantizedLinear):
+            self.kind = "int8"
+            qweight, bias = torch.ops.quantized.linear_unpack(linear.packed)
+            if bool(qweight.q_per_channel_zero_points().any()):
+                raise ValueError("an int8 weight with zero points")
+            self.register_buffer("weight", qweight.int_repr().contiguous())
+            self.register_buffer("scale", qweight.q_per_channel_scales().float())
+        elif isinstance(linear, PackedBf16Linear):
+            self.kind = "bf16"
+            self.register_buffer("weight", linear.dense_weight().contiguous())
+            bias = linear.bias
+        else:
+            raise TypeError(f"no compiled decode step for a {type(linear).__name__}")
+        if self.kind == "int8":
+            self.register_buffer("unit", torch.ones(self.weight.shape[0], dtype=torch.bfloat16))
+        self.register_buffer("bias", None if bias is None else bias.detach().float())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
+        if self.kind == "int8":
+            y = torch._weight_int8pack_mm(rows, self.weight, self.unit).float() * self.scale
+        else:
+            y = F.linear(rows, self.weight).float()
+        if self.bias is not None:
+            y = y + self.bias
+        return y.view(*x.shape[:-1], y.shape[-1])
+
+
+class _FrozenMLP(nn.Module):
+    def __init__(self, mlp) -> None:
+        super().__init__()
+        self.gate_up, self.down_proj = FrozenLinear(mlp.gate_up), FrozenLinear(mlp.down_proj)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up.forward(x).chunk(2, dim=-1)
+        return self.down_proj.forward(F.silu(gate) * up)
+
+
+class _FrozenAttention(nn.Module):
+    def __init__(self, attn) -> None:
+        super().__init__()
+        self.n_heads, self.n_kv, self.head_dim = attn.n_heads, attn.n_kv, attn.head_dim
+        self.qkv, self.o_proj = FrozenLinear(attn.qkv), FrozenLinear(attn.o_proj)
+
+
+class _FrozenLayer(nn.Module):
+    """A decoder layer with :class:`FrozenLinear` linears, for :func:`layer_step`."""
+
+    def __init__(self, layer: DecoderLayer) -> None:
+        super().__init__()
+        self.input_layernorm, self.post_attention_layernorm = layer.input_layernorm, layer.post_attention_layernorm
+        self.self_attn, self.mlp = _FrozenAttention(layer.self_attn), _FrozenMLP(layer.mlp)
+
+
+class FrozenStep(nn.Module):
+    """The decode step, every layer and the final norm, as one module whose weights are buffers:
+    (1, 1, D) embedding, position, RoPE rows, caches -> (1, 1, D) normed hidden state; with
+    ``head``, the LM head too -> (1, vocab) logits."""
+
+    def __init__(self, text: TextModel, head: bool = False) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(_FrozenLayer(layer) for layer in text.layers)
+        self.norm = text.norm
+        self.lm_head = FrozenLinear(text.lm_head) if head else None
 
     def forward(self, x, pos, cos, sin, ks: list[torch.Tensor], vs: list[torch.Tensor]) -> torch.Tensor:
         for layer, k, v in zip(self.layers, ks, vs):
             x = layer_step(layer, x, pos, cos, sin, k, v)
-        return x
+        x = self.norm.forward(x)
+        return x if self.lm_head is None else self.lm_head.forward(x)[:, -1]
 
 
-def runs(layers) -> list[tuple[int, int, bool]]:
-    """(start, end, compilable) for each run of consecutive layers alike in :func:`compilable`."""
-    spans: list[tuple[int, int, bool]] = []
-    for i, layer in enumerate(layers):
-        traces = compilable(layer)
-        if spans and spans[-1][2] == traces:
-            spans[-1] = (spans[-1][0], i + 1, traces)
-        else:
-            spans.append((i, i + 1, traces))
-    return spans
+def supported(text: TextModel) -> bool:
+    """Whether the plan's text linears are int8 by row with bfloat16 rows (native bfloat16): the
+    step multiplies a row as they do. Elsewhere (fbgemm's 8-bit rows) it would round otherwise."""
+    linears = [m for m in text.modules() if isinstance(m, (RowScaledLinear, QuantizedLinear, PackedBf16Linear))]
+    rows = [m for m in linears if isinstance(m, RowScaledLinear)]
+    return bool(rows) and all(m.rows_dtype == torch.bfloat16 for m in rows)
+
+
+def weight_sha256(path: Path) -> str:
+    """The file's sha256: a hub cache's blob is named by it (ffai models pull checked it); another
+    file is hashed once and recorded under ffai's home by its device, inode, size and change time
+    (which any write to the file moves), so a start does not read a gigabyte again."""
+    real = path.resolve()
+    if real.parent.name == "blobs" and _SHA256.fullmatch(real.name):
+        return real.name
+    st = real.stat()
+    stamp = f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+    record_path = ffai_home() / "compiled" / HASHES
+    try:
+        record = json.loads(record_path.read_text())
+    except (OSError, ValueError):
+        record = {}
+    if isinstance(record.get(str(real)), dict) and record[str(real)].get("stamp") == stamp:
+        return record[str(real)]["sha256"]
+    digest = hashlib.sha256()
+    with open(real, "rb") as f:
+        while chunk := f.read(1 << 24):
+            digest.update(chunk)
+    record[str(real)] = {"stamp": stamp, "sha256": digest.hexdigest()}
+    try:  # only a later start's time depends on it
+        record_path.parent.mkdir(parents=True, exist_ok=True)
+        _replace_text(record_path, json.dumps(record, indent=1) + "\n")
+    except OSError:
+        pass
+    return record[str(real)]["sha256"]
+
+
+def _replace_text(path: Path, text: str) -> None:
+    """Write ``path`` whole or not at all (another process may read it meanwhile)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def cache_dir(weights: list[Path], dtype: str) -> Path:
+    """The folder for one checkpoint's compiled step in ``dtype`` on this machine and torch."""
+    identity: list = [dtype, torch.__version__, sorted(host.cpu_info().flags)]
+    identity.append(hashlib.sha256(Path(__file__).read_bytes()).hexdigest())  # the step's code
+    identity += [weight_sha256(path) for path in weights]
+    key = hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:16]
+    return ffai_home() / "compiled" / f"smolvlm-decode-{dtype}-{key}"
+
+
+def export_step(step: FrozenStep, x, pos, cos, sin, cache: KVCache) -> torch.export.ExportedProgram:
+    """``step`` exported at one token, the caches' length (dim 2) dynamic."""
+    length = torch.export.Dim("length", min=2, max=1 << 20)
+    ks, vs = list(cache.k), list(cache.v)
+    dynamic = {"x": None, "pos": None, "cos": None, "sin": None}
+    dynamic |= {"ks": [{2: length}] * len(ks), "vs": [{2: length}] * len(vs)}
+    return torch.export.export(step, (x, pos, cos, sin, ks, vs), dynamic_shapes=dynamic)
 
 
 class CompiledDecode:
-    """int8's decode step for one text tower: :func:`layer_step` compiled for the layers that
-    trace (:func:`compilable`), the others running it uncompiled, the code kept in ``folder``.
-    Compiled by the first call. A call returns the logits, or None where there is no compiled step
-    (the caller then takes the eager step); the reason is warned once."""
+    """int8's decode step for one text tower as an AOTInductor package in ``folder``, compiled
+    there by the first call where no package is. A call returns the logits, or None where there is
+    no compiled step (the caller then takes the eager step); the reason is warned once."""
 
-    def __init__(self, text: TextModel, folder: Path, dtype: str) -> None:
+    def __init__(self, text: TextModel, folder: Path, dtype: str, head: bool = False) -> None:
         self.text, self.folder, self.dtype = text, folder, dtype
-        self.steps: list | None = None  # (start, end, LayerSpan compiled or not) by runs of layers
+        self.head = head  # the LM head inside the package (measured by the bench), else eager's kernel
+        self.runner = None
         self.failed = False
+        self.load_s: float | None = None  # the package's load, for the bench
 
     def __call__(self, x: torch.Tensor, pos: torch.Tensor, cache: KVCache) -> torch.Tensor | None:
         """(1, 1, D) embedding of the token at ``pos`` ((1,) long) -> (1, vocab) logits, or None."""
         if self.failed or x.shape[0] != 1:
             return None
-        first = self.steps is None
-        if first and not self._prepare():
-            return None
-        try:
-            logits = self._run(x, pos, cache)  # the first call compiles, or loads the cached code
-        except Exception as e:  # noqa: BLE001 - any failure of the compiler leaves the eager step
-            self._fail(f"could not compile the decode step ({type(e).__name__}: {str(e).splitlines()[0]})")
-            return None
-        marker = self.folder / MARKER
-        if first and not marker.is_file():
-            with contextlib.suppress(OSError):  # only the next process's note depends on it
-                marker.write_text(json.dumps({"dtype": self.dtype, "torch": torch.__version__}) + "\n")
-        return logits
-
-    def _run(self, x: torch.Tensor, pos: torch.Tensor, cache: KVCache) -> torch.Tensor:
         first = int(pos[0])
         cos, sin = self.text._rope_rows(first, first + 1, x)
-        if 2 not in getattr(cache.k[0], "_dynamo_dynamic_indices", ()):  # one graph for every cache length
-            for t in (*cache.k, *cache.v):
-                torch._dynamo.mark_dynamic(t, 2)
-        for start, end, step in self.steps:
-            x = step(x, pos, cos, sin, cache.k[start:end], cache.v[start:end])
-        return self.text.lm_head.forward(self.text.norm.forward(x))[:, -1]
+        if self.runner is None and not self._prepare(x, pos, cos, sin, cache):
+            return None
+        out = self.runner(x, pos, cos, sin, list(cache.k), list(cache.v))
+        return out if self.head else self.text.lm_head.forward(out)[:, -1]
 
-    def _prepare(self) -> bool:
-        """The steps by runs of layers, with the cache folder ready; False (warned) where there are none."""
-        if not any(compilable(layer) for layer in self.text.layers):
-            self._fail(f"no layer of this CPU's {self.dtype} plan can be compiled")
-            return False
-        try:
-            (self.folder / "inductor").mkdir(parents=True, exist_ok=True)
-            probe = self.folder / ".writable"
-            probe.write_bytes(b"")
-            probe.unlink()
-        except OSError as e:
-            self._fail(f"cannot write the compiled decode cache ({e})")
-            return False
-        if not (self.folder / MARKER).is_file():
+    def _prepare(self, x, pos, cos, sin, cache: KVCache) -> bool:
+        """The package loaded (compiled first where it is not there yet); False (warned) where not."""
+        if not supported(self.text):
+            return self._fail(f"this CPU's {self.dtype} plan multiplies rows otherwise than the compiled step")
+        package = self.folder / PACKAGE
+        step = FrozenStep(self.text, self.head).eval()
+        if not package.is_file():
+            try:
+                self.folder.mkdir(parents=True, exist_ok=True)
+                probe = self.folder / ".writable"
+                probe.write_bytes(b"")
+                probe.unlink()
+            except OSError as e:
+                return self._fail(f"cannot write the compiled decode cache ({e})")
             messages.note(f"compiling the {self.dtype} decode step for this machine, once (about a minute)")
-        # torch's C++ builder warns on stderr, outside ffai's messages, that it found no CUDA runtime.
-        logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
-        # Inductor reads its cache folder from the environment at each use; this process is the
-        # text tower's, and nothing else in it compiles.
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(self.folder / "inductor")
-        self.steps = []
-        for start, end, traces in runs(self.text.layers):
-            span = LayerSpan(self.text.layers[start:end])
-            self.steps.append((start, end, torch.compile(span, fullgraph=True, dynamic=False) if traces else span))
+            try:
+                self._compile(step, x, pos, cos, sin, cache, package)
+            except Exception as e:  # noqa: BLE001 - any failure of the compiler leaves the eager step
+                return self._fail(f"could not compile the decode step ({type(e).__name__}: {_first_line(e)})")
+        try:
+            start = time.perf_counter()
+            runner = torch._inductor.aoti_load_package(str(package))
+            constants = {**dict(step.named_buffers()), **dict(step.named_parameters())}
+            runner.load_constants(
+                {name: constants[name] for name in runner.get_constant_fqns()},
+                check_full_update=True,
+                user_managed=True,
+            )
+            self.load_s = time.perf_counter() - start
+        except Exception as e:  # noqa: BLE001 - a package torch cannot read leaves the eager step
+            return self._fail(
+                f"could not load the compiled decode step {package} ({type(e).__name__}: {_first_line(e)})"
+            )
+        self.runner, self._step = runner, step  # the step keeps the constants the runner points at
         return True
 
-    def _fail(self, why: str) -> None:
+    def _compile(self, step: FrozenStep, x, pos, cos, sin, cache: KVCache, package: Path) -> None:
+        """Export and compile ``step`` into ``package``, whole or not at all. Inductor's work files
+        go to a folder beside it, removed after."""
+        # torch's C++ builder warns on stderr, outside ffai's messages, that it found no CUDA runtime.
+        logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
+        work = Path(tempfile.mkdtemp(dir=self.folder, prefix=".build-"))
+        saved = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(work / "inductor")  # read at each use
+        try:
+            with torch.no_grad():
+                program = export_step(step, x, pos, cos, sin, cache)
+            options = {"aot_inductor.package_constants_in_so": False}
+            built = torch._inductor.aoti_compile_and_package(
+                program, package_path=str(work / PACKAGE), inductor_configs=options
+            )
+            os.replace(built, package)
+        finally:
+            if saved is None:
+                os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+            else:
+                os.environ["TORCHINDUCTOR_CACHE_DIR"] = saved
+            shutil.rmtree(work, ignore_errors=True)
+
+    def _fail(self, why: str) -> bool:
         """Warn once and keep to the eager step from now on."""
         messages.warn(f"{why}; the {self.dtype} decode step runs uncompiled")
         self.failed = True
-        self.steps = None
+        return False
+
+
+def _first_line(e: Exception) -> str:
+    return (str(e).splitlines() or [""])[0]
 
 
 def attach(text: TextModel, weights: list[Path], dtype: str) -> None:
-    """Give ``text`` the compiled decode step for ``dtype``, compiled on its first call."""
+    """Give ``text`` the compiled decode step for ``dtype``, compiled or loaded by its first call."""
     text.compiled_decode = CompiledDecode(text, cache_dir(weights, dtype), dtype)
