@@ -14,6 +14,10 @@ checkpoint both load from the same files, written by ``Qwen3VLForConditionalGene
   nothing can depend on 2B's sizes. Its config.json is the one transformers 5.x writes
   (``rope_parameters``), so that layout is tested too. The patch, temporal patch and merge sizes
   stay the processor's (16, 2, 2), with the real tokenizer, chat template and processor files.
+- ``4b``: Qwen3-VL-4B-Instruct's config and files from ``../shared/reference`` (bench only, not
+  CI), ~17.8 GB of float32 in the hub's two shards under its index's names. transformers would
+  hold the whole model in memory to save it (and then some); this writer streams each tensor
+  to its shard (``write_sharded``), one tensor in memory at a time.
 
 Weights are N(0, 0.04) everywhere, norm weights 1 + N(0, 0.04): transformers' default init leaves
 norms at 1 and biases at 0, and random-but-not-degenerate logits keep greedy argmax free of ties.
@@ -41,7 +45,9 @@ from ffai.errors import ModelError
 ENGINE = "qwen3-vl"
 REPO = Path(__file__).resolve().parents[3]  # engines/qwen3vl/bench/ -> the source checkout
 REFERENCE_DIR = REPO / "tests" / "data" / "qwen3-vl-2b-instruct"
-KINDS = ("2b", "tiny")  # the first is the bench's checkpoint without --model
+# The 4B's files ship beside a source checkout (the team's reference folder), not in it.
+REFERENCE_4B_DIR = REPO.parent / "shared" / "reference" / "qwen3-vl-4b-instruct"
+KINDS = ("2b", "tiny", "4b")  # the first is the bench's checkpoint without --model
 INIT_STD = 0.04
 COPIED_FILES = (
     "chat_template.json",
@@ -88,11 +94,22 @@ def require_reference_dir() -> Path:
     return REFERENCE_DIR
 
 
+def source_dir(kind: str) -> Path:
+    """The folder ``kind``'s config, tokenizer and processor files are copied from."""
+    if kind != "4b":
+        return require_reference_dir()
+    if not (REFERENCE_4B_DIR / "model.safetensors.index.json").is_file():
+        raise ModelError(f"{REFERENCE_4B_DIR} is missing: the 4B checkpoint is built from the reference files there")
+    return REFERENCE_4B_DIR
+
+
 def config_dict(kind: str) -> dict:
     """The checkpoint's config.json content for ``kind``."""
     if kind not in KINDS:
         raise ValueError(f"unknown checkpoint kind {kind!r}; expected one of {KINDS}")
-    real = read_json(require_reference_dir() / "config.json")
+    real = read_json(source_dir(kind) / "config.json")
+    if kind == "4b":
+        return real
     if kind == "2b":
         return real
     tiny = copy.deepcopy(real)
@@ -120,6 +137,11 @@ def write_checkpoint(kind: str, out: Path | str, seed: int = 0, dtype: str = "fl
     out = Path(out)
     config = config_dict(kind)
     out.mkdir(parents=True, exist_ok=True)
+    if kind == "4b":
+        write_sharded(config, out, seed, dtype)
+        for name in ("config.json", *COPIED_FILES):
+            shutil.copyfile(REFERENCE_4B_DIR / name, out / name)
+        return out
     model = build_model(config, seed, dtype)
     model.save_pretrained(out, safe_serialization=True)
     del model
@@ -130,6 +152,62 @@ def write_checkpoint(kind: str, out: Path | str, seed: int = 0, dtype: str = "fl
     return out
 
 
+def write_sharded(config: dict, out: Path, seed: int, dtype: str) -> None:
+    """Random weights for ``config`` written in the hub's shards (its index's names and split)
+    in ``dtype``, each tensor drawn and written on its own, as ``reinit_`` draws them: N(0, std),
+    norm weights 1 + N(0, std). The safetensors layout is written by hand so that no shard is
+    ever whole in memory."""
+    import struct
+
+    import torch
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+    with torch.device("meta"):
+        model = Qwen3VLForConditionalGeneration(Qwen3VLConfig.from_dict(config))
+    shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    norms = {
+        f"{name}.weight"
+        for name, module in model.named_modules()
+        if isinstance(module, torch.nn.LayerNorm) or type(module).__name__.endswith("RMSNorm")
+    }
+    weight_map = read_json(REFERENCE_4B_DIR / "model.safetensors.index.json")["weight_map"]
+    unknown = sorted(set(weight_map) - set(shapes))
+    if unknown:
+        raise ModelError(f"the 4B index names tensors transformers' model lacks: {unknown[:3]}")
+    torch_dtype = getattr(torch, dtype)
+    gen = torch.Generator().manual_seed(seed)
+    shards: dict[str, list[str]] = {}
+    for name, shard in weight_map.items():
+        shards.setdefault(shard, []).append(name)
+    total = 0
+    for shard, names in sorted(shards.items()):
+        names.sort()
+        header, offset = {"__metadata__": {"format": "pt"}}, 0
+        for name in names:
+            size = torch_dtype.itemsize * int(torch.Size(shapes[name]).numel())
+            header[name] = {
+                "dtype": FILE_DTYPE[dtype],
+                "shape": list(shapes[name]),
+                "data_offsets": [offset, offset + size],
+            }
+            offset += size
+        text = json.dumps(header, separators=(",", ":")).encode()
+        text += b" " * (-len(text) % 8)  # safetensors pads its header to 8 bytes
+        with open(out / shard, "wb") as f:
+            f.write(struct.pack("<Q", len(text)) + text)
+            for name in names:
+                tensor = torch.randn(shapes[name], generator=gen, dtype=torch.float32).mul_(INIT_STD)
+                if name in norms:
+                    tensor += 1.0
+                f.write(tensor.to(torch_dtype).contiguous().view(torch.uint8).numpy().data)
+        total += offset
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+
+
+FILE_DTYPE = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
+
+
 def fingerprint(kind: str, seed: int = 0, dtype: str = "float32") -> str:
     """What ``write_checkpoint(kind, …, seed, dtype)`` writes depends on: this file, the config,
     the copied files, the seed, the dtype and the transformers version."""
@@ -137,7 +215,7 @@ def fingerprint(kind: str, seed: int = 0, dtype: str = "float32") -> str:
     h.update(inspect.getsource(reinit_).encode())  # the shared re-draw writes the weights
     h.update(json.dumps(config_dict(kind), sort_keys=True).encode())
     for name in COPIED_FILES:
-        h.update((REFERENCE_DIR / name).read_bytes())
+        h.update((source_dir(kind) / name).read_bytes())
     h.update(f"{seed}/{dtype}/{importlib.metadata.version('transformers')}".encode())
     return h.hexdigest()
 
