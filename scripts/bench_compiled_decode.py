@@ -95,15 +95,12 @@ def run(args, threads: int) -> int:
                 dtype, head = arm.split("+")[0], arm.endswith("-head")
                 folder = compiled_decode.cache_dir(weight_files(path), dtype)
                 folder = folder.with_name(folder.name + ("-head" if head else ""))
-                text, x = models[arm].text, models[arm].text.embed_tokens(torch.tensor([[tokens[arm][-1]]]))
                 begin = time.perf_counter()
-                compiled_decode.CompiledDecode(text, folder, dtype, head)._prepare(
-                    x, torch.tensor([prompt]), *text._rope_rows(prompt, prompt + 1, x), caches[arm]
-                )
+                compiled_decode.CompiledDecode(models[arm].text, folder, dtype, head).prepare()
                 compile_s = time.perf_counter() - begin
-                steps[arm] = compiled_decode.CompiledDecode(text, folder, dtype, head)
+                steps[arm] = compiled_decode.CompiledDecode(models[arm].text, folder, dtype, head)
                 begin = time.perf_counter()
-                steps[arm]._prepare(x, torch.tensor([prompt]), *text._rope_rows(prompt, prompt + 1, x), caches[arm])
+                steps[arm].prepare()
                 print(f"{arm}: compiled in {compile_s:.1f} s, a new load took {time.perf_counter() - begin:.2f} s")
         steps_logits: dict[str, list] = {}
         walls: dict[str, list] = {arm: [] for arm in arms}

@@ -231,7 +231,7 @@ def export_step(step: FrozenStep, x, pos, cos, sin, cache: KVCache) -> torch.exp
 
 class CompiledDecode:
     """int8's decode step for one text tower as an AOTInductor package in ``folder``, compiled
-    there by the first call where no package is. A call returns the logits, or None where there is
+    there by :meth:`prepare` (or the first call) where no package is. A call returns the logits, or None where there is
     no compiled step (the caller then takes the eager step); the reason is warned once."""
 
     def __init__(self, text: TextModel, folder: Path, dtype: str, head: bool = False) -> None:
@@ -247,13 +247,17 @@ class CompiledDecode:
             return None
         first = int(pos[0])
         cos, sin = self.text._rope_rows(first, first + 1, x)
-        if self.runner is None and not self._prepare(x, pos, cos, sin, cache):
+        if self.runner is None and not self.prepare():
             return None
-        out = self.runner(x, pos, cos, sin, list(cache.k), list(cache.v))
+        (out,) = self.runner.boxed_run([x, pos, cos, sin, *cache.k, *cache.v])  # FrozenStep's inputs, flat
         return out if self.head else self.text.lm_head.forward(out)[:, -1]
 
-    def _prepare(self, x, pos, cos, sin, cache: KVCache) -> bool:
+    def prepare(self) -> bool:
         """The package loaded (compiled first where it is not there yet); False (warned) where not."""
+        if self.runner is not None or self.failed:
+            return not self.failed
+        # torch's C++ builder warns on stderr, outside ffai's messages, that it found no CUDA runtime.
+        logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
         if not supported(self.text):
             return self._fail(f"this CPU's {self.dtype} plan multiplies rows otherwise than the compiled step")
         package = self.folder / PACKAGE
@@ -268,18 +272,17 @@ class CompiledDecode:
                 return self._fail(f"cannot write the compiled decode cache ({e})")
             messages.note(f"compiling the {self.dtype} decode step for this machine, once (about a minute)")
             try:
-                self._compile(step, x, pos, cos, sin, cache, package)
+                self._compile(step, package)
             except Exception as e:  # noqa: BLE001 - any failure of the compiler leaves the eager step
                 return self._fail(f"could not compile the decode step ({type(e).__name__}: {_first_line(e)})")
         try:
             start = time.perf_counter()
-            runner = torch._inductor.aoti_load_package(str(package))
+            # The package's C++ loader itself: torch._inductor.aoti_load_package's wrapper imports
+            # inductor (1.2 s and 130 MB of a warm start) and parses the call's tree at each step.
+            runner = torch._C._aoti.AOTIModelPackageLoader(str(package), "model", False, 1, -1)
             constants = {**dict(step.named_buffers()), **dict(step.named_parameters())}
-            runner.load_constants(
-                {name: constants[name] for name in runner.get_constant_fqns()},
-                check_full_update=True,
-                user_managed=True,
-            )
+            wanted = {name: constants[name] for name in runner.get_constant_fqns()}
+            runner.load_constants(wanted, False, True, True, False)  # active buffer, all checked, user-managed
             self.load_s = time.perf_counter() - start
         except Exception as e:  # noqa: BLE001 - a package torch cannot read leaves the eager step
             return self._fail(
@@ -288,17 +291,20 @@ class CompiledDecode:
         self.runner, self._step = runner, step  # the step keeps the constants the runner points at
         return True
 
-    def _compile(self, step: FrozenStep, x, pos, cos, sin, cache: KVCache, package: Path) -> None:
-        """Export and compile ``step`` into ``package``, whole or not at all. Inductor's work files
-        go to a folder beside it, removed after."""
-        # torch's C++ builder warns on stderr, outside ffai's messages, that it found no CUDA runtime.
-        logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
+    def _compile(self, step: FrozenStep, package: Path) -> None:
+        """Export and compile ``step`` into ``package``, whole or not at all, at example inputs of
+        its shapes. Inductor's work files go to a folder beside it, removed after."""
+        import torch._inductor  # only a compile pays for its import
+
+        text = self.text
+        x = torch.zeros(1, 1, text.cfg.hidden_size, dtype=text.norm.weight.dtype)
+        cos, sin = text._rope_rows(0, 1, x)
         work = Path(tempfile.mkdtemp(dir=self.folder, prefix=".build-"))
         saved = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(work / "inductor")  # read at each use
         try:
             with torch.no_grad():
-                program = export_step(step, x, pos, cos, sin, cache)
+                program = export_step(step, x, torch.zeros(1, dtype=torch.long), cos, sin, text.new_cache(1, 16))
             options = {"aot_inductor.package_constants_in_so": False}
             built = torch._inductor.aoti_compile_and_package(
                 program, package_path=str(work / PACKAGE), inductor_configs=options
@@ -323,5 +329,7 @@ def _first_line(e: Exception) -> str:
 
 
 def attach(text: TextModel, weights: list[Path], dtype: str) -> None:
-    """Give ``text`` the compiled decode step for ``dtype``, compiled or loaded by its first call."""
+    """Give ``text`` the compiled decode step for ``dtype``, loaded now (compiled first, once per
+    machine), so the compile's note comes before any output."""
     text.compiled_decode = CompiledDecode(text, cache_dir(weights, dtype), dtype)
+    text.compiled_decode.prepare()
