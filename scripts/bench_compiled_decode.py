@@ -16,7 +16,10 @@ lever measured here. Each is compiled into a temporary FFAI_HOME unless FFAI_HOM
 the timed steps, then loaded again as a new process would: both times are printed. Tokens of each
 compiled arm are compared with its eager arm's and with float32's (greedy, same prompt).
 ``--rss ARM`` instead runs that one arm alone for ``--tokens`` steps (its package compiled
-beforehand in another process) and prints the peak RSS after the load and after decoding.
+beforehand in another process) and prints the peak RSS after the load and after decoding;
+``--profile ARM`` the same with torch's profiler, its table of ops by time. The package's own
+kernels do not show there (only the eager LM head and the allocations), so profile the eager
+arm: the package calls the same kernels, less the Python between them.
 ``--llama-bench`` (scripts/build_llama_cpp.sh) times llama.cpp's token generation on ``--gguf``
 (scripts/build_llama_cpp.py: Q8_0 at the same shapes) right after the arms, at the same thread
 count and cache depth, its ms/token printed in the same table.
@@ -33,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -56,6 +60,7 @@ def main() -> int:
     parser.add_argument("--model", help="checkpoint folder (default: the real-shape random test checkpoint)")
     parser.add_argument("--arms", default="float32,int8,int8+compile,bfloat16")
     parser.add_argument("--rss", help="one arm alone: its peak RSS after the load and after decoding")
+    parser.add_argument("--profile", help="one arm alone: torch's profiler table of its ops over the steps")
     parser.add_argument("--bandwidth", type=float, default=26.0, help="GB/s for the floor")
     parser.add_argument("--llama-bench", help="llama.cpp's llama-bench binary (scripts/build_llama_cpp.sh)")
     parser.add_argument("--gguf", help="the Q8_0 model for --llama-bench (scripts/build_llama_cpp.py)")
@@ -77,8 +82,8 @@ def run(args, threads: int) -> int:
 
     torch.set_num_threads(threads)
     path = Path(args.model) if args.model else checkpoints.checkpoint("real")
-    if args.rss:
-        return rss(args, path, args.rss)
+    if args.rss or args.profile:
+        return alone(args, path, args.rss or args.profile)
     arms = args.arms.split(",")
     models, caches, tokens, steps, loaded = {}, {}, {}, {}, {}
     prompt, n = args.prompt, args.tokens
@@ -92,13 +97,16 @@ def run(args, threads: int) -> int:
             caches[arm], tokens[arm] = start(models[arm], ids, prompt + n + 8)
         for arm in arms:
             if "+compile" in arm:  # compiled here, before the timed steps, then loaded as a new process would
-                dtype, head = arm.split("+")[0], arm.endswith("-head")
+                dtype, variant = arm.split("+")[0], arm.split("+")[1].removeprefix("compile")
+                parts = variant.split("-")  # compile[-int8pack|-mlp][-head|-eagerhead]
+                kernel = "int8pack" if "int8pack" in parts else "fbgemm-mlp" if "mlp" in parts else "fbgemm"
+                head = "head" in parts or (kernel == "fbgemm" and "eagerhead" not in parts)
                 folder = compiled_decode.cache_dir(weight_files(path), dtype)
-                folder = folder.with_name(folder.name + ("-head" if head else ""))
+                folder = folder.with_name(folder.name + variant)
                 begin = time.perf_counter()
-                compiled_decode.CompiledDecode(models[arm].text, folder, dtype, head).prepare()
+                compiled_decode.CompiledDecode(models[arm].text, folder, dtype, head, kernel).prepare()
                 compile_s = time.perf_counter() - begin
-                steps[arm] = compiled_decode.CompiledDecode(models[arm].text, folder, dtype, head)
+                steps[arm] = compiled_decode.CompiledDecode(models[arm].text, folder, dtype, head, kernel)
                 begin = time.perf_counter()
                 steps[arm].prepare()
                 print(f"{arm}: compiled in {compile_s:.1f} s, a new load took {time.perf_counter() - begin:.2f} s")
@@ -153,8 +161,9 @@ def step(model, tokens: list[int], pos: int, cache) -> torch.Tensor:
     return logits
 
 
-def rss(args, path: Path, arm: str) -> int:
-    """``arm`` alone: peak RSS after the load (and the compiled step's package load) and after decoding."""
+def alone(args, path: Path, arm: str) -> int:
+    """``arm`` alone: peak RSS after the load (and the compiled step's package load) and after
+    decoding, or (``--profile``) the ops that took the steps' time."""
     from ffai_smolvlm.weights import weight_files
 
     dtype = arm.split("+")[0]
@@ -166,8 +175,17 @@ def rss(args, path: Path, arm: str) -> int:
             compiled_decode.attach(model.text, weight_files(path), dtype)
         step(model, tokens, args.prompt, cache)  # the package's load, where compiled
         loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        for i in range(1, args.tokens):
-            step(model, tokens, args.prompt + i, cache)
+        with (
+            torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+            if args.profile
+            else nullcontext() as prof
+        ):
+            for i in range(1, args.tokens):
+                step(model, tokens, args.prompt + i, cache)
+    if args.profile:
+        print(f"{arm}, {args.tokens - 1} steps, torch {torch.__version__}, {torch.get_num_threads()} thread(s)")
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
+        return 0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"{arm}: peak RSS {loaded:.0f} MiB after the load and first step, {peak:.0f} MiB after {args.tokens} steps")
     return 0

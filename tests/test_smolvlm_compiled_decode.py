@@ -1,5 +1,7 @@
-"""int8's compiled decode step (engines/smolvlm/compiled_decode.py) on the tiny checkpoint: the
-same tokens as the eager step, greedy and sampled; a fresh load reads the AOTInductor package from
+"""int8's compiled decode step (engines/smolvlm/compiled_decode.py) on the tiny checkpoint: its
+logits agree with the eager step's, fed the same tokens, above the int8 gate with the issue's
+margin (it multiplies rows by fbgemm's int8 kernel, eager by bfloat16 rows, so tokens may part at
+near ties); a fresh load reads the AOTInductor package from
 disk (no compile note, no file added to the cache folder) and serves a longer cache with it; a
 cache folder that cannot be written, or a package that cannot be read, leaves the eager step with
 one warning; the cache's key is the weights' sha256 (a hub blob's name, else the file hashed once
@@ -24,16 +26,20 @@ import torch
 from ffai import messages
 from ffai.engine import DecodingOptions, RuntimeOptions
 from ffai_smolvlm import compiled_decode
-from ffai_smolvlm.generate import generate
+from ffai_smolvlm.generate import decode_one_token, generate, prefill
 from ffai_smolvlm.loading import load_weights
 from ffai_smolvlm.precision import INT8, INT8_BY_ROW, plan_precision
 from ffai_smolvlm.weights import load_model, weight_files
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = [
+    pytest.mark.usefixtures("one_torch_thread"),
+    # The module filters it for ffai's processes; pytest resets the filters for each test.
+    pytest.mark.filterwarnings(r"ignore:fbgemm_\w+ is deprecated"),
+]
 
 PROMPT = [1, 11126, 42, 7, 900, 31, 2000, 5, 77, 12, 300]
 GREEDY = DecodingOptions(max_new_tokens=12, force_new_tokens=True)
-SAMPLED = DecodingOptions(max_new_tokens=12, temperature=0.8, top_k=40, top_p=0.9, seed=3, force_new_tokens=True)
+COSINE = 0.996  # the int8 gate's 0.995 with the issue's margin
 
 
 def load(path: Path, *, compiled: bool):
@@ -51,28 +57,47 @@ def tokens(path: Path, *options: DecodingOptions, compiled: bool) -> list[list[i
         return [generate(net, PROMPT, None, o, stop_ids=[]) for o in options]
 
 
+def fed(net, ids: list[int]) -> list[torch.Tensor]:
+    """The logits of each decode step of ``net`` after PROMPT's prefill, fed ``ids`` in turn."""
+    cache = net.text.new_cache(1, len(PROMPT) + len(ids))
+    with torch.inference_mode():
+        prefill(net, net.embed(torch.tensor([PROMPT]), None), cache)
+        return [
+            decode_one_token(net, torch.tensor([t]), torch.tensor([len(PROMPT) + i]), cache).float()
+            for i, t in enumerate(ids)
+        ]
+
+
 @pytest.fixture(scope="module")
 def compiled_home(tmp_path_factory, tiny_checkpoint):
-    """An FFAI_HOME whose cache holds the tiny checkpoint's compiled step, and that step's tokens."""
+    """An FFAI_HOME whose cache holds the tiny checkpoint's compiled step, its net and greedy tokens."""
     home = tmp_path_factory.mktemp("ffai-home")
     with pytest.MonkeyPatch.context() as mp, torch._inductor.config.patch(compile_threads=1):
         mp.setenv("FFAI_HOME", str(home))
         with messages.collect() as said:
-            greedy, sampled = tokens(tiny_checkpoint, GREEDY, SAMPLED, compiled=True)
-    return home, greedy, sampled, said
+            net = load(tiny_checkpoint, compiled=True)
+            with torch.inference_mode():
+                greedy = generate(net, PROMPT, None, GREEDY, stop_ids=[])
+    return home, net, greedy, said
 
 
-@pytest.mark.slow  # the compile: one layer's graph through inductor and the C++ compiler
-def test_compiled_step_gives_the_eager_tokens(compiled_home, tiny_checkpoint):
-    home, greedy, sampled, said = compiled_home
+@pytest.mark.slow  # the compile: the step through inductor and the C++ compiler
+def test_compiled_step_agrees_with_the_eager_step(compiled_home, tiny_checkpoint):
+    home, net, greedy, said = compiled_home
     assert [m.level for m in said] == ["note"] and "compiling the int8 decode step" in said[0].text
-    assert [greedy, sampled] == tokens(tiny_checkpoint, GREEDY, SAMPLED, compiled=False)
-    assert len(set(greedy)) > 1  # not one token repeated: the steps differ
+    assert net.text.compiled_decode.runner is not None
+    (eager_tokens,) = tokens(tiny_checkpoint, GREEDY, compiled=False)
+    eager = fed(load(tiny_checkpoint, compiled=False), eager_tokens)
+    compiled = fed(net, eager_tokens)
+    cosines = [float(torch.nn.functional.cosine_similarity(a, b, dim=-1)) for a, b in zip(compiled, eager)]
+    assert min(cosines) >= COSINE, cosines
+    assert any(not torch.equal(a, b) for a, b in zip(compiled, eager))  # the package ran, not eager
+    assert len(set(eager_tokens)) > 1  # not one token repeated: the steps differ
 
 
 @pytest.mark.slow
 def test_a_fresh_load_reads_the_package_and_serves_a_longer_cache(compiled_home, tiny_checkpoint, monkeypatch):
-    home, greedy, _, _ = compiled_home
+    home, _, greedy, _ = compiled_home
     (folder,) = (p for p in (home / "compiled").iterdir() if p.is_dir())
     assert (folder / compiled_decode.PACKAGE).is_file()
     before = sorted(p.relative_to(folder) for p in folder.rglob("*"))
@@ -88,9 +113,7 @@ def test_a_fresh_load_reads_the_package_and_serves_a_longer_cache(compiled_home,
     assert net.text.cache.max_len > 256 and longer[: len(greedy)] == greedy
 
 
-@pytest.mark.slow
-def test_a_package_that_cannot_be_read_leaves_the_eager_step(compiled_home, tiny_checkpoint, tmp_path, monkeypatch):
-    _, greedy, _, _ = compiled_home
+def test_a_package_that_cannot_be_read_leaves_the_eager_step(tiny_checkpoint, tmp_path, monkeypatch):
     monkeypatch.setenv("FFAI_HOME", str(tmp_path))
     folder = compiled_decode.cache_dir(weight_files(tiny_checkpoint), "int8")
     folder.mkdir(parents=True)
@@ -99,7 +122,7 @@ def test_a_package_that_cannot_be_read_leaves_the_eager_step(compiled_home, tiny
         got = tokens(tiny_checkpoint, GREEDY, compiled=True)
     assert [m.level for m in said] == ["warning"]
     assert "could not load the compiled decode step" in said[0].text and "runs uncompiled" in said[0].text
-    assert got == [greedy] == tokens(tiny_checkpoint, GREEDY, compiled=False)
+    assert got == tokens(tiny_checkpoint, GREEDY, compiled=False)
 
 
 def test_the_key_is_the_weights_sha256(tmp_path, monkeypatch):

@@ -36,6 +36,7 @@ import re
 import shutil
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -77,13 +78,42 @@ def layer_step(layer: nn.Module, x, pos, cos, sin, k_cache: torch.Tensor, v_cach
     return x + mlp.forward(layer.post_attention_layernorm.forward(x))
 
 
+# fbgemm's int8 kernel for float rows, as an opaque op of this library: torch.export cannot trace
+# into aten's entry point (it reads the packed matrix), and an op defined here with a plain CPU
+# kernel costs the package nothing a call (torch.library.custom_op's wrapper cost 64 us a call).
+_LIBRARY = torch.library.Library("ffai_smolvlm", "DEF")
+_LIBRARY.define("int8_row_fbgemm(Tensor x, Tensor weight, Tensor packed, Tensor offsets, Tensor zero) -> Tensor")
+# aten's legacy fbgemm entry points warn at each call that they are deprecated.
+warnings.filterwarnings("ignore", message=r"fbgemm_\w+ is deprecated")
+
+
+def int8_row_fbgemm(x: torch.Tensor, weight, packed, offsets, zero) -> torch.Tensor:
+    """Float rows times the int8 ``weight`` (``packed`` by fbgemm, ``offsets`` its rows' sums,
+    ``zero`` a zero per output) by fbgemm's int8 kernel, each row quantised to 8 bits by its own
+    range; the sums unscaled."""
+    return torch.fbgemm_linear_int8_weight_fp32_activation(x, weight, packed, offsets, 1.0, 0, zero)
+
+
+_LIBRARY.impl("int8_row_fbgemm", int8_row_fbgemm, "CPU")
+torch.library.register_fake(
+    "ffai_smolvlm::int8_row_fbgemm", lambda x, weight, *_: x.new_empty(x.shape[0], weight.shape[0]), lib=_LIBRARY
+)
+
+
+def fbgemm_pack(weight: torch.Tensor) -> torch.Tensor:
+    """fbgemm's packed copy of an (out, in) int8 weight, in a tensor that holds it opaquely."""
+    with warnings.catch_warnings():  # deprecated, as the kernel's entry point
+        warnings.simplefilter("ignore")
+        return torch.fbgemm_pack_quantized_matrix(weight)
+
+
 class FrozenLinear(nn.Module):
     """One linear of the step, its weight a buffer the package takes as a constant: int8 by row
     (``RowScaledLinear``'s own tensors, or fbgemm's unpacked: the same symmetric int8) times a
     bfloat16 row, as ``RowScaledLinear`` multiplies a decode row; bfloat16 (oneDNN's packed weight,
     unpacked)."""
 
-    def __init__(self, linear: nn.Module) -> None:
+    def __init__(self, linear: nn.Module, kernel: str = "int8pack") -> None:
         super().__init__()
         if isinstance(linear, RowScaledLinear):
             self.kind = "int8"
@@ -103,25 +133,34 @@ class FrozenLinear(nn.Module):
             bias = linear.bias
         else:
             raise TypeError(f"no compiled decode step for a {type(linear).__name__}")
-        if self.kind == "int8":
+        if self.kind == "int8" and kernel == "fbgemm":
+            self.kind = "fbgemm"
+            self.register_buffer("packed", fbgemm_pack(self.weight))
+            self.register_buffer("offsets", self.weight.sum(1, dtype=torch.int32))
+            self.register_buffer("zero", torch.zeros(self.weight.shape[0]))
+        elif self.kind == "int8":
             self.register_buffer("unit", torch.ones(self.weight.shape[0], dtype=torch.bfloat16))
         self.register_buffer("bias", None if bias is None else bias.detach().float())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
-        if self.kind == "int8":
-            y = torch._weight_int8pack_mm(rows, self.weight, self.unit).float() * self.scale
+        rows = x.reshape(-1, x.shape[-1])
+        if self.kind == "fbgemm":
+            y = torch.ops.ffai_smolvlm.int8_row_fbgemm(rows.float(), self.weight, self.packed, self.offsets, self.zero)
+            y = y * self.scale
+        elif self.kind == "int8":
+            y = torch._weight_int8pack_mm(rows.to(torch.bfloat16), self.weight, self.unit).float() * self.scale
         else:
-            y = F.linear(rows, self.weight).float()
+            y = F.linear(rows.to(torch.bfloat16), self.weight).float()
         if self.bias is not None:
             y = y + self.bias
         return y.view(*x.shape[:-1], y.shape[-1])
 
 
 class _FrozenMLP(nn.Module):
-    def __init__(self, mlp) -> None:
+    def __init__(self, mlp, kernel: str) -> None:
         super().__init__()
-        self.gate_up, self.down_proj = FrozenLinear(mlp.gate_up), FrozenLinear(mlp.down_proj)
+        kernel = "fbgemm" if kernel in ("fbgemm", "fbgemm-mlp") else "int8pack"
+        self.gate_up, self.down_proj = FrozenLinear(mlp.gate_up, kernel), FrozenLinear(mlp.down_proj, kernel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up.forward(x).chunk(2, dim=-1)
@@ -129,19 +168,20 @@ class _FrozenMLP(nn.Module):
 
 
 class _FrozenAttention(nn.Module):
-    def __init__(self, attn) -> None:
+    def __init__(self, attn, kernel: str) -> None:
         super().__init__()
         self.n_heads, self.n_kv, self.head_dim = attn.n_heads, attn.n_kv, attn.head_dim
-        self.qkv, self.o_proj = FrozenLinear(attn.qkv), FrozenLinear(attn.o_proj)
+        kernel = "fbgemm" if kernel == "fbgemm" else "int8pack"
+        self.qkv, self.o_proj = FrozenLinear(attn.qkv, kernel), FrozenLinear(attn.o_proj, kernel)
 
 
 class _FrozenLayer(nn.Module):
     """A decoder layer with :class:`FrozenLinear` linears, for :func:`layer_step`."""
 
-    def __init__(self, layer: DecoderLayer) -> None:
+    def __init__(self, layer: DecoderLayer, kernel: str) -> None:
         super().__init__()
         self.input_layernorm, self.post_attention_layernorm = layer.input_layernorm, layer.post_attention_layernorm
-        self.self_attn, self.mlp = _FrozenAttention(layer.self_attn), _FrozenMLP(layer.mlp)
+        self.self_attn, self.mlp = _FrozenAttention(layer.self_attn, kernel), _FrozenMLP(layer.mlp, kernel)
 
 
 class FrozenStep(nn.Module):
@@ -149,11 +189,11 @@ class FrozenStep(nn.Module):
     (1, 1, D) embedding, position, RoPE rows, caches -> (1, 1, D) normed hidden state; with
     ``head``, the LM head too -> (1, vocab) logits."""
 
-    def __init__(self, text: TextModel, head: bool = False) -> None:
+    def __init__(self, text: TextModel, head: bool = False, kernel: str = "int8pack") -> None:
         super().__init__()
-        self.layers = nn.ModuleList(_FrozenLayer(layer) for layer in text.layers)
+        self.layers = nn.ModuleList(_FrozenLayer(layer, kernel) for layer in text.layers)
         self.norm = text.norm
-        self.lm_head = FrozenLinear(text.lm_head) if head else None
+        self.lm_head = FrozenLinear(text.lm_head, "fbgemm" if kernel == "fbgemm" else "int8pack") if head else None
 
     def forward(self, x, pos, cos, sin, ks: list[torch.Tensor], vs: list[torch.Tensor]) -> torch.Tensor:
         for layer, k, v in zip(self.layers, ks, vs):
@@ -234,9 +274,11 @@ class CompiledDecode:
     there by :meth:`prepare` (or the first call) where no package is. A call returns the logits, or None where there is
     no compiled step (the caller then takes the eager step); the reason is warned once."""
 
-    def __init__(self, text: TextModel, folder: Path, dtype: str, head: bool = False) -> None:
+    def __init__(self, text: TextModel, folder: Path, dtype: str, head: bool = True, kernel: str = "fbgemm") -> None:
         self.text, self.folder, self.dtype = text, folder, dtype
-        self.head = head  # the LM head inside the package (measured by the bench), else eager's kernel
+        # What ships is the default; the others are levers the bench measures beside it: the LM head
+        # eager's, the int8 linears' one-row kernel int8pack (all) or fbgemm-mlp (the MLPs only).
+        self.head, self.kernel = head, kernel
         self.runner = None
         self.failed = False
         self.load_s: float | None = None  # the package's load, for the bench
@@ -261,7 +303,7 @@ class CompiledDecode:
         if not supported(self.text):
             return self._fail(f"this CPU's {self.dtype} plan multiplies rows otherwise than the compiled step")
         package = self.folder / PACKAGE
-        step = FrozenStep(self.text, self.head).eval()
+        step = FrozenStep(self.text, self.head, self.kernel).eval()
         if not package.is_file():
             try:
                 self.folder.mkdir(parents=True, exist_ok=True)
