@@ -1,23 +1,24 @@
 """int8's decode step as one AOTInductor program (opt-in: ``FFAI_COMPILE_DECODE=1``), compiled
 once per machine into a package under ffai's home and loaded from it by later processes.
 
-:class:`FrozenStep` is the step for one token up to the LM head: every decoder layer as
-:func:`layer_step` (gpt-fast's form: the layer's whole cache with the positions after ``pos``
-masked, the position a tensor, the key and value written into the caches in place) and the final
-norm. It is exported with the caches' length dynamic, so one program serves every step and every
-cache size, and compiled by ``torch._inductor.aoti_compile_and_package``: inductor's C++ wrapper
-calls the kernels with no Python between them, and fuses the norms, RoPE and residual additions,
-which then round a little otherwise than eager's (docs/precision-and-speed.md, "Compiled
-decode"). The LM head stays eager's (fbgemm, int8): faster for its one row than the packaged
-kernel, and its rounding is eager's.
+:class:`FrozenStep` is the whole step for one token: every decoder layer as :func:`layer_step`
+(gpt-fast's form: the layer's whole cache with the positions after ``pos`` masked, the position a
+tensor, the key and value written into the caches in place), the final norm and the LM head. It
+is exported with the caches' length dynamic, so one program serves every step and every cache
+size, and compiled by ``torch._inductor.aoti_compile_and_package``: inductor's C++ wrapper calls
+the kernels with no Python between them, and fuses the norms, RoPE and residual additions, which
+then round a little otherwise than eager's (docs/precision-and-speed.md, "Compiled decode").
 
-Its linears are :class:`FrozenLinear`: a decode row multiplied in bfloat16 by the int8 weight
-(``torch._weight_int8pack_mm``), as ``RowScaledLinear`` multiplies one row; so the step is built
-only where the plan's text linears are int8 by row with bfloat16 rows (CPUs with native
-bfloat16). oneDNN's packed bfloat16 layers (the plan's wide first layers) are unpacked to their
-bfloat16 weight. The package holds no weights (``package_constants_in_so=False``): after loading,
-the model's own int8 tensors are handed to it (``user_managed``: shared, not copied), so only the
-unpacked bfloat16 layers are held twice.
+Its int8 linears (:class:`FrozenLinear`) multiply a decode row by fbgemm's int8 kernel, the row
+quantised to 8 bits by its own range (:func:`int8_row_fbgemm`, an op of this engine's torch
+library, since export cannot trace into fbgemm's packed matrix), the model's int8 weight packed
+for it at load; that ran the step 1.3x faster than ``torch._weight_int8pack_mm`` with a
+bfloat16 row, eager's one-row kernel, at the cost of the packed copies' memory. oneDNN's packed
+bfloat16 layers (the plan's wide first layers) run on their unpacked bfloat16 weight. The step
+is built only where the plan's text linears are int8 by row with bfloat16 rows (CPUs with native
+bfloat16: the one kind measured). The package holds no weights
+(``package_constants_in_so=False``): after loading, the step's tensors are handed to it
+(``user_managed``: shared, not copied).
 
 :class:`CompiledDecode` owns the package's folder (:func:`cache_dir`: keyed by the weight files'
 sha256, the dtype, torch's version, the CPU's flags and this module's source), the one-time compile
@@ -108,10 +109,11 @@ def fbgemm_pack(weight: torch.Tensor) -> torch.Tensor:
 
 
 class FrozenLinear(nn.Module):
-    """One linear of the step, its weight a buffer the package takes as a constant: int8 by row
-    (``RowScaledLinear``'s own tensors, or fbgemm's unpacked: the same symmetric int8) times a
-    bfloat16 row, as ``RowScaledLinear`` multiplies a decode row; bfloat16 (oneDNN's packed weight,
-    unpacked)."""
+    """One linear of the step, its weights buffers the package takes as constants: int8 by row
+    (``RowScaledLinear``'s own tensors, or fbgemm's unpacked: the same symmetric int8) times a row
+    by fbgemm's kernel (``kernel="fbgemm"``, its packed copy made here) or as a bfloat16 row by
+    ``torch._weight_int8pack_mm`` (``"int8pack"``, as ``RowScaledLinear`` multiplies one row);
+    bfloat16 (oneDNN's packed weight, unpacked)."""
 
     def __init__(self, linear: nn.Module, kernel: str = "int8pack") -> None:
         super().__init__()
@@ -204,7 +206,7 @@ class FrozenStep(nn.Module):
 
 def supported(text: TextModel) -> bool:
     """Whether the plan's text linears are int8 by row with bfloat16 rows (native bfloat16): the
-    step multiplies a row as they do. Elsewhere (fbgemm's 8-bit rows) it would round otherwise."""
+    plans the step's agreement was measured on. Other CPUs keep the eager step."""
     linears = [m for m in text.modules() if isinstance(m, (RowScaledLinear, QuantizedLinear, PackedBf16Linear))]
     rows = [m for m in linears if isinstance(m, RowScaledLinear)]
     return bool(rows) and all(m.rows_dtype == torch.bfloat16 for m in rows)
