@@ -2,7 +2,7 @@
 every arm in one process, one step of each in turn, beside the memory floor and llama.cpp.
 
     python scripts/bench_compiled_decode.py [--threads 1,2] [--tokens 32] [--model DIR]
-        [--arms float32,int8,int8+compile,int8+compile-head,bfloat16] [--rss ARM]
+        [--arms float32,int8,int8+compile,int8+compile-int8pack,bfloat16] [--rss ARM | --profile ARM]
         [--llama-bench BIN --gguf FILE]
 
 Each arm loads the text tower in its dtype and decodes from its own cache after a prefill of
@@ -10,16 +10,19 @@ Each arm loads the text tower in its dtype and decodes from its own cache after 
 the machine falls on all arms alike. The floor is the bytes a step must read (the text tower's
 weights and the cache's filled prefix) at the bandwidth ``--bandwidth`` (GB/s) gives.
 
-``+compile`` is the shipped step (``CompiledDecode``: the AOTInductor package, the LM head eager's);
-``+compile-head`` the same with the LM head inside the package (``torch._weight_int8pack_mm``), a
-lever measured here. Each is compiled into a temporary FFAI_HOME unless FFAI_HOME is set, before
+``+compile`` is the shipped step (``CompiledDecode``: the AOTInductor package, fbgemm's int8
+kernel for a row, the LM head inside). Levers measured beside it: ``-eagerhead`` (the LM head
+eager's), ``-mlp`` (fbgemm for the MLPs only, ``torch._weight_int8pack_mm`` for the rest),
+``-int8pack`` (``torch._weight_int8pack_mm`` with a bfloat16 row for every linear, the LM head
+eager's, unless ``-head`` too), e.g. ``int8+compile-int8pack-head``. Each is compiled into a temporary FFAI_HOME unless FFAI_HOME is set, before
 the timed steps, then loaded again as a new process would: both times are printed. Tokens of each
 compiled arm are compared with its eager arm's and with float32's (greedy, same prompt).
 ``--rss ARM`` instead runs that one arm alone for ``--tokens`` steps (its package compiled
 beforehand in another process) and prints the peak RSS after the load and after decoding;
 ``--profile ARM`` the same with torch's profiler, its table of ops by time. The package's own
-kernels do not show there (only the eager LM head and the allocations), so profile the eager
-arm: the package calls the same kernels, less the Python between them.
+kernels do not show there (only the ops around the step and the allocations), so profile the
+eager arm: the package calls its kernels (fbgemm's for the int8 rows aside), less the Python
+between them.
 ``--llama-bench`` (scripts/build_llama_cpp.sh) times llama.cpp's token generation on ``--gguf``
 (scripts/build_llama_cpp.py: Q8_0 at the same shapes) right after the arms, at the same thread
 count and cache depth, its ms/token printed in the same table.
