@@ -103,7 +103,8 @@ def run(args, threads: int) -> int:
                 dtype, variant = arm.split("+")[0], arm.split("+")[1].removeprefix("compile")
                 parts = variant.split("-")  # compile[-int8pack|-mlp][-head|-eagerhead]
                 kernel = "int8pack" if "int8pack" in parts else "fbgemm-mlp" if "mlp" in parts else "fbgemm"
-                head = "head" in parts or (kernel == "fbgemm" and "eagerhead" not in parts)
+                kernel = "fbgemm-wide" if "wide" in parts else kernel
+                head = "head" in parts or (kernel in ("fbgemm", "fbgemm-wide") and "eagerhead" not in parts)
                 folder = compiled_decode.cache_dir(weight_files(path), dtype)
                 folder = folder.with_name(folder.name + variant)
                 begin = time.perf_counter()

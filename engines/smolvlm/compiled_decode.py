@@ -46,7 +46,7 @@ from torch import nn
 
 from ffai import host, messages
 from ffai.models import ffai_home
-from ffai.opt_in_linears import PackedBf16Linear, QuantizedLinear, RowScaledLinear
+from ffai.opt_in_linears import PackedBf16Linear, QuantizedLinear, RowScaledLinear, quantize_rows, row_scales
 
 from .text import DecoderLayer, KVCache, TextModel, apply_rope
 
@@ -129,13 +129,19 @@ class FrozenLinear(nn.Module):
                 raise ValueError("an int8 weight with zero points")
             self.register_buffer("weight", qweight.int_repr().contiguous())
             self.register_buffer("scale", qweight.q_per_channel_scales().float())
+        elif isinstance(linear, PackedBf16Linear) and kernel == "fbgemm-wide":  # int8 by row for a row
+            self.kind = "int8"
+            dense = linear.dense_weight().float()
+            self.register_buffer("scale", row_scales(dense))
+            self.register_buffer("weight", quantize_rows(dense, self.scale))
+            bias = linear.bias
         elif isinstance(linear, PackedBf16Linear):
             self.kind = "bf16"
             self.register_buffer("weight", linear.dense_weight().contiguous())
             bias = linear.bias
         else:
             raise TypeError(f"no compiled decode step for a {type(linear).__name__}")
-        if self.kind == "int8" and kernel == "fbgemm":
+        if self.kind == "int8" and kernel in ("fbgemm", "fbgemm-wide"):
             self.kind = "fbgemm"
             self.register_buffer("packed", fbgemm_pack(self.weight))
             self.register_buffer("offsets", self.weight.sum(1, dtype=torch.int32))
@@ -161,7 +167,7 @@ class FrozenLinear(nn.Module):
 class _FrozenMLP(nn.Module):
     def __init__(self, mlp, kernel: str) -> None:
         super().__init__()
-        kernel = "fbgemm" if kernel in ("fbgemm", "fbgemm-mlp") else "int8pack"
+        kernel = kernel if kernel in ("fbgemm", "fbgemm-wide") else "fbgemm" if kernel == "fbgemm-mlp" else "int8pack"
         self.gate_up, self.down_proj = FrozenLinear(mlp.gate_up, kernel), FrozenLinear(mlp.down_proj, kernel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -173,7 +179,7 @@ class _FrozenAttention(nn.Module):
     def __init__(self, attn, kernel: str) -> None:
         super().__init__()
         self.n_heads, self.n_kv, self.head_dim = attn.n_heads, attn.n_kv, attn.head_dim
-        kernel = "fbgemm" if kernel == "fbgemm" else "int8pack"
+        kernel = kernel if kernel in ("fbgemm", "fbgemm-wide") else "int8pack"
         self.qkv, self.o_proj = FrozenLinear(attn.qkv, kernel), FrozenLinear(attn.o_proj, kernel)
 
 
@@ -195,7 +201,11 @@ class FrozenStep(nn.Module):
         super().__init__()
         self.layers = nn.ModuleList(_FrozenLayer(layer, kernel) for layer in text.layers)
         self.norm = text.norm
-        self.lm_head = FrozenLinear(text.lm_head, "fbgemm" if kernel == "fbgemm" else "int8pack") if head else None
+        self.lm_head = (
+            FrozenLinear(text.lm_head, "fbgemm" if kernel in ("fbgemm", "fbgemm-wide") else "int8pack")
+            if head
+            else None
+        )
 
     def forward(self, x, pos, cos, sin, ks: list[torch.Tensor], vs: list[torch.Tensor]) -> torch.Tensor:
         for layer, k, v in zip(self.layers, ks, vs):
@@ -279,7 +289,8 @@ class CompiledDecode:
     def __init__(self, text: TextModel, folder: Path, dtype: str, head: bool = True, kernel: str = "fbgemm") -> None:
         self.text, self.folder, self.dtype = text, folder, dtype
         # What ships is the default; the others are levers the bench measures beside it: the LM head
-        # eager's, the int8 linears' one-row kernel int8pack (all) or fbgemm-mlp (the MLPs only).
+        # eager's, the int8 linears' one-row kernel int8pack (all) or fbgemm-mlp (the MLPs only), or
+        # fbgemm-wide (the wide bfloat16 layers int8 too, for a row).
         self.head, self.kernel = head, kernel
         self.runner = None
         self.failed = False
