@@ -328,6 +328,40 @@ def test_bfloat16_agrees_with_float32(tiny, reference, ours):
     assert size["h"] < 0.55 * size["f"]
 
 
+def test_bfloat16_cache_is_read_by_decode_steps_only(ours, reference):
+    """The opt-in dtypes' bfloat16 KV cache (``PrecisionPlan.kv_cache``): a prefill from position 0
+    attends over its keys as computed, so its logits are float32's bit for bit; the decode steps,
+    fed the same tokens, read the cache in bfloat16 and agree with float32's within the gate."""
+    from ffai.bench.agreement import cosine
+    from ffai.bench.gates import COSINE_MIN
+
+    _, processor = reference
+    inputs = processor_inputs(processor, "video8")
+    _, videos = encode_all(ours, inputs)
+    ids, positions, delta, (x, deepstack) = G.prompt_state(ours, inputs["input_ids"], None, videos)
+    tokens = torch.tensor([[5], [9], [2], [7]])
+    steps = {}
+    try:
+        for dtype in (None, torch.bfloat16):
+            ours.text.cache_dtype = dtype
+            cache = ours.text.new_cache(1, ids.shape[1] + len(tokens))
+            with torch.no_grad():
+                logits = [G.prefill(ours, x, positions, cache, deepstack)]
+                for i, token in enumerate(tokens):
+                    slot = ids.shape[1] + i
+                    rope = G.rope_rows(ours, torch.tensor([slot + delta]).expand(3, -1), ours.text.dtype)
+                    logits.append(G.decode_one_token(ours, token, slot, rope, cache))
+            assert cache.k[0].dtype == (dtype or torch.float32)
+            steps[dtype] = logits
+    finally:
+        ours.text.cache_dtype = None
+    exact, half = steps[None], steps[torch.bfloat16]
+    assert torch.equal(exact[0], half[0])
+    agreement = [cosine(a, b) for a, b in zip(exact[1:], half[1:])]
+    assert min(agreement) >= COSINE_MIN["bfloat16"], agreement
+    assert not all(torch.equal(a, b) for a, b in zip(exact[1:], half[1:]))  # the cache was read in bfloat16
+
+
 # --- the real 2B shapes (random weights, ~8.5 GB float32): by hand, FFAI_QWEN3VL_2B=1 ----------
 
 REAL_2B = os.environ.get("FFAI_QWEN3VL_2B") == "1"

@@ -66,11 +66,15 @@ def test_int8_plan_on_amx_and_zen4():
     assert kinds("int8", EPYC_ZEN4) == amx
     plan = plan_precision("int8", host.parse_cpuinfo(EPYC_ZEN4))
     assert not plan.reduce_range and plan.rows_dtype == torch.bfloat16 and plan.weights == torch.float32
+    # The cache bfloat16 in both opt-in dtypes where it is native; float32's stays exact.
+    for dtype, cache in (("int8", torch.bfloat16), ("bfloat16", torch.bfloat16), ("float32", None)):
+        assert plan_precision(dtype, host.parse_cpuinfo(EPYC_ZEN4)).kv_cache == cache
 
 
 def test_int8_plan_on_avx2_only():
     plan = plan_precision("int8", host.parse_cpuinfo(AVX2_ONLY))
     assert plan.reduce_range and plan.rows_dtype == torch.float32  # 16-bit sums saturate; no native bf16
+    assert plan.kv_cache is None and plan_precision("bfloat16", host.parse_cpuinfo(AVX2_ONLY)).kv_cache is None
     assert kinds("int8", AVX2_ONLY) == {
         QKV: INT8,
         PROJ_EARLY: FLOAT32,

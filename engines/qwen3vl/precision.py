@@ -46,6 +46,7 @@ class PrecisionPlan:
     reduce_range: bool  # int8 activations quantised to 7 bits (QuantizedLinear)
     rows_dtype: torch.dtype  # RowScaledLinear multiplies several rows in this dtype
     vision_attention: torch.dtype | None  # the vision tower's SDPA dtype (None: its activations', float32)
+    kv_cache: torch.dtype | None = None  # the text tower's cache and decode attention (None: float32)
 
     def linear(self, name: str) -> str:
         """The kind of layer the linear called ``name`` (``text.lm_head``, ...) becomes."""
@@ -65,7 +66,9 @@ def plan_precision(dtype: str, cpu: host.CpuInfo | None = None) -> PrecisionPlan
       is native (else only the down projections by row, in float32; the rest int8 x int8 on
       fbgemm); the LM head int8 x int8 on fbgemm (its own copy), the embedding table bfloat16.
       The vision tower in bfloat16 where native; elsewhere int8 x int8 (fbgemm) but its first
-      four blocks (float32) and its mergers (by row)."""
+      four blocks (float32) and its mergers (by row).
+    - bfloat16 and int8 where bfloat16 is native: the KV cache bfloat16, and a decode step's
+      attention over it."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
     cpu = host.cpu_info() if cpu is None else cpu
@@ -88,6 +91,9 @@ def plan_precision(dtype: str, cpu: host.CpuInfo | None = None) -> PrecisionPlan
         reduce_range=not cpu.flags & INT8_FULL_RANGE_FLAGS,
         rows_dtype=torch.bfloat16 if bf16 else torch.float32,
         vision_attention=torch.bfloat16 if dtype != "float32" and vision_attention_bf16(cpu.flags, bf16) else None,
+        # A 2B still's float32 cache is 0.7 GB, held from its prefill to its last token: in
+        # bfloat16 where native, read by the decode steps only (a prefill attends as computed).
+        kv_cache=torch.bfloat16 if dtype != "float32" and bf16 else None,
     )
 
 

@@ -78,8 +78,12 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(b, t, -1, hd).transpose(1, 2)  # (B, Hkv, T, hd)
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if cache is not None:
-            k, v = cache.update(self.layer, slot, k, v)  # (B, Hkv, end, hd)
-        y = self._attend(q, k, v)  # (B, H, T, hd)
+            cached = cache.update(self.layer, slot, k, v)  # (B, Hkv, end, hd)
+            # A prefill from position 0 attends over its own keys as computed; a cache narrower
+            # than them (opt-in dtypes) is read only by later steps, in its dtype.
+            if slot.start != 0 or cached[0].dtype == k.dtype:
+                k, v = cached
+        y = self._attend(q.to(k.dtype), k, v).to(x.dtype)  # (B, H, T, hd)
         return self.o_proj(y.transpose(1, 2).reshape(b, t, -1))
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -135,6 +139,7 @@ class TextModel(nn.Module):
         if tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.cache: KVCache | None = None  # allocated by the first reserve_cache
+        self.cache_dtype: torch.dtype | None = None  # None: the residual stream's; else the precision plan's
 
     def forward(
         self,
@@ -166,14 +171,14 @@ class TextModel(nn.Module):
 
     def new_cache(self, batch: int, max_len: int) -> KVCache:
         """A cache of its own for the caller (the tower's own one is ``reserve_cache``'s)."""
-        return KVCache(self.cfg, batch, max_len, self.dtype, self.norm.weight.device)
+        return KVCache(self.cfg, batch, max_len, self.cache_dtype or self.dtype, self.norm.weight.device)
 
     def reserve_cache(self, batch: int, length: int) -> KVCache:
         """The tower's cache with room for ``length`` positions, allocated on first use and replaced
         only when a request does not fit (rounded up to ``CACHE_STEP``, at most the context). Earlier
         contents are never read: attention sees ``[:end]``, which a request writes before reading."""
-        w = self.norm.weight
-        if self.cache is None or not self.cache.fits(batch, length, w.dtype, w.device):
+        dtype, device = self.cache_dtype or self.dtype, self.norm.weight.device
+        if self.cache is None or not self.cache.fits(batch, length, dtype, device):
             size = min(-(-length // CACHE_STEP) * CACHE_STEP, self.cfg.max_position_embeddings)
             self.cache = self.new_cache(batch, max(size, length))
         return self.cache

@@ -232,6 +232,8 @@ def load_model(
     if model.visual is not None:
         for block in model.visual.blocks:
             block.attn.attention_dtype = precision.vision_attention
+    if model.text is not None:
+        model.text.cache_dtype = precision.kv_cache
     if tie:
         model.text.lm_head.weight = model.text.embed_tokens.weight  # assign=True made two Parameters
     return model.eval().requires_grad_(False)
