@@ -23,3 +23,17 @@ NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 
 def native_bf16_flags(flags: frozenset[str]) -> bool:
     return bool(flags & NATIVE_BF16_FLAGS)
+
+
+def by_row_kernel(flags: frozenset[str], bf16: bool) -> tuple[str, str]:
+    """What ``INT8_BY_ROW`` (``opt_in_linears.RowScaledLinear``) runs on a CPU with ``flags``
+    (``bf16``: its rows are bfloat16), in ``ffai engines``' words: (kernel, why)."""
+    rows = "bfloat16" if bf16 else "float32"
+    if bf16:
+        one = "torch._weight_int8pack_mm"
+    elif flags & INT8_FULL_RANGE_FLAGS:
+        one = "torch._int_mm, 8-bit by its own range"
+    else:  # oneDNN's s8 x s8 saturates in 16-bit sums there (not exact)
+        one = "float32 too"
+    why = "activations unquantised: the prefill logits' margin" if bf16 else "no activation range shared by rows"
+    return f"int8 weight x {rows} rows; one row: {one}", why

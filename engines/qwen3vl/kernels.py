@@ -19,6 +19,7 @@ from ffai.linear_kinds import INT8_BY_ROW as INT8_BY_ROW
 from ffai.linear_kinds import INT8_FULL_RANGE_FLAGS as INT8_FULL_RANGE_FLAGS
 from ffai.linear_kinds import INT8_ONEDNN as INT8_ONEDNN
 from ffai.linear_kinds import PLAIN as PLAIN
+from ffai.linear_kinds import by_row_kernel
 from ffai.linear_kinds import native_bf16_flags as native_bf16_flags
 
 VISION = r"visual\."
@@ -104,15 +105,7 @@ def _int8_kernel(pattern: str, kind: str, flags: frozenset[str], bf16: bool, ear
         if pattern == VISION:
             why = "no native bfloat16 (slower than float32 here); this recipe's 2B agreement is not measured"
         return Kernel(label, f"int8 x int8 on fbgemm, {bits} activations per call", why)
-    rows = "bfloat16" if bf16 else "float32"
-    if bf16:
-        one = "torch._weight_int8pack_mm"
-    elif flags & INT8_FULL_RANGE_FLAGS:
-        one = "torch._int_mm, 8-bit by its own range"
-    else:  # oneDNN's s8 x s8 saturates in 16-bit sums there (not exact)
-        one = "float32 too"
-    why = "activations unquantised: the prefill logits' margin" if bf16 else "no activation range shared by rows"
-    return Kernel(label, f"int8 weight x {rows} rows; one row: {one}", why)
+    return Kernel(label, *by_row_kernel(flags, bf16))
 
 
 def _vision_attention(flags: frozenset[str], bf16: bool) -> Kernel:

@@ -20,6 +20,7 @@ from ffai.linear_kinds import INT8_FULL_RANGE_FLAGS as INT8_FULL_RANGE_FLAGS
 from ffai.linear_kinds import INT8_ONEDNN as INT8_ONEDNN
 from ffai.linear_kinds import NATIVE_BF16_FLAGS as NATIVE_BF16_FLAGS
 from ffai.linear_kinds import PLAIN as PLAIN
+from ffai.linear_kinds import by_row_kernel
 from ffai.linear_kinds import native_bf16_flags as native_bf16_flags
 
 VISION = r"vision\."
@@ -94,15 +95,7 @@ def _int8_kernel(kind: str, flags: frozenset[str], bf16: bool) -> tuple[str, str
         return f"int8 x int8 on oneDNN, {bits} activations per call", "AMX-INT8 tiles: about 3x fbgemm on a tile"
     if kind == INT8:
         return f"int8 x int8 on fbgemm, {bits} activations per call", "fbgemm's int8 kernels, fastest for one row"
-    rows = "bfloat16" if bf16 else "float32"
-    if bf16:
-        one = "torch._weight_int8pack_mm"
-    elif flags & INT8_FULL_RANGE_FLAGS:
-        one = "torch._int_mm, 8-bit by its own range"
-    else:  # oneDNN's s8 x s8 saturates in 16-bit sums there (not exact)
-        one = "float32 too"
-    why = "activations unquantised: the prefill logits' margin" if bf16 else "no activation range shared by rows"
-    return f"int8 weight x {rows} rows; one row: {one}", why
+    return by_row_kernel(flags, bf16)
 
 
 def _bf16_tiles(kernel: Kernel) -> Kernel:
