@@ -91,7 +91,7 @@ def plan_precision(dtype: str, cpu: host.CpuInfo | None = None) -> PrecisionPlan
         reduce_range=not cpu.flags & INT8_FULL_RANGE_FLAGS,
         rows_dtype=torch.bfloat16 if bf16 else torch.float32,
         vision_attention=torch.bfloat16 if dtype != "float32" and vision_attention_bf16(cpu.flags, bf16) else None,
-        # A 2B still's float32 cache is 0.7 GB, held from its prefill to its last token: in
+        # A still's cache is held from its prefill to its last token, a large share of the peak:
         # bfloat16 where native, read by the decode steps only (a prefill attends as computed).
         kv_cache=torch.bfloat16 if dtype != "float32" and bf16 else None,
     )

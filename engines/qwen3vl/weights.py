@@ -197,8 +197,8 @@ def load_model(
             return f.get_tensor(name).to(dtype)
         return header.read_into(name, torch.empty(shapes[param], dtype=dtype), f)
 
-    # A load that reads through buffers runs under glibc's heap settings for it (ffai.host): at
-    # 2B int8 the freed float32 reads otherwise stayed in the heap (load peak 5.1 GB; 3.9 with).
+    # A load that reads through buffers runs under glibc's heap settings for it (ffai.host): else
+    # the freed float32 reads stay in the heap (docs/benchmarks.md, Qwen3-VL's memory).
     with host.heap_for_loading() if dtype_name != "float32" else nullcontext():
         for path, items in by_file.items():
             with safe_open(str(path), framework="pt", device="cpu") as f, open(path, "rb") as raw:
