@@ -1,6 +1,6 @@
 """The resident memory of one bench arm by phase: ``import``, ``load`` (the weights) and ``run``
-(one bench case), sampled every 50 ms in the arm's own process, so a peak can be told apart from
-what a load leaves behind.
+(one bench case), sampled every 50 ms over the arm's process tree as the bench samples it
+(``ffai.host.PeakRSS``), so a peak can be told apart from what a load leaves behind.
 
     python scripts/rss_by_phase.py MODEL_DIR --engine qwen3-vl --dtype int8 --case frame [--threads 2]
 
@@ -12,19 +12,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import threading
-import time
+import os
 from pathlib import Path
 
 MIB = 1 << 20
-
-
-def rss_mib() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024 // MIB
-    raise RuntimeError("no VmRSS in /proc/self/status (Linux only)")
 
 
 def main() -> None:
@@ -36,25 +27,23 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
 
-    phase, peaks = ["import"], {}
+    from ffai.host import PeakRSS, tree_rss
 
-    def sample() -> None:
-        while True:
-            peaks[phase[0]] = max(peaks.get(phase[0], 0), rss_mib())
-            time.sleep(0.05)
+    pid, peaks = os.getpid(), {}
+    # The same sampler as the bench's, over this process and any workers it starts.
+    with PeakRSS(pid) as sampler:  # the arm made: ffai, torch and the engine imported, no weights yet
+        from ffai.bench import arms
 
-    threading.Thread(target=sample, daemon=True).start()
-    from ffai.bench import arms
-
-    arm = arms.make_arm("ffai", args.model, args.dtype, args.threads, args.engine)
-    phase[0] = "load"
-    arm.load()
-    time.sleep(0.1)  # one more sample inside the phase
-    after_load = rss_mib()
-    phase[0] = "run"
-    arms.run_case(arm, args.case, None)
-    time.sleep(0.1)
-    print(json.dumps({"peaks_mib": peaks, "after_load_mib": after_load, "end_mib": rss_mib()}))
+        arm = arms.make_arm("ffai", args.model, args.dtype, args.threads, args.engine)
+    peaks["import"] = sampler.peak
+    with PeakRSS(pid) as sampler:
+        arm.load()
+    peaks["load"], after_load = sampler.peak, tree_rss(pid)
+    with PeakRSS(pid) as sampler:
+        arms.run_case(arm, args.case, None)
+    peaks["run"] = sampler.peak
+    result = {"peaks_mib": {k: v // MIB for k, v in peaks.items()}, "after_load_mib": after_load // MIB}
+    print(json.dumps({**result, "end_mib": tree_rss(pid) // MIB}))
     arm.close()
 
 
