@@ -108,9 +108,7 @@ def config_dict(kind: str) -> dict:
     if kind not in KINDS:
         raise ValueError(f"unknown checkpoint kind {kind!r}; expected one of {KINDS}")
     real = read_json(source_dir(kind) / "config.json")
-    if kind == "4b":
-        return real
-    if kind == "2b":
+    if kind in ("2b", "4b"):
         return real
     tiny = copy.deepcopy(real)
     tiny["vision_config"].update(TINY_VISION)
@@ -162,6 +160,8 @@ def write_sharded(config: dict, out: Path, seed: int, dtype: str) -> None:
     import torch
     from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
 
+    from ffai.safetensors_reads import FILE_DTYPES
+
     with torch.device("meta"):
         model = Qwen3VLForConditionalGeneration(Qwen3VLConfig.from_dict(config))
     shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}
@@ -175,6 +175,7 @@ def write_sharded(config: dict, out: Path, seed: int, dtype: str) -> None:
     if unknown:
         raise ModelError(f"the 4B index names tensors transformers' model lacks: {unknown[:3]}")
     torch_dtype = getattr(torch, dtype)
+    file_dtype = next(name for name, d in FILE_DTYPES.items() if d == torch_dtype)
     gen = torch.Generator().manual_seed(seed)
     shards: dict[str, list[str]] = {}
     for name, shard in weight_map.items():
@@ -186,7 +187,7 @@ def write_sharded(config: dict, out: Path, seed: int, dtype: str) -> None:
         for name in names:
             size = torch_dtype.itemsize * int(torch.Size(shapes[name]).numel())
             header[name] = {
-                "dtype": FILE_DTYPE[dtype],
+                "dtype": file_dtype,
                 "shape": list(shapes[name]),
                 "data_offsets": [offset, offset + size],
             }
@@ -203,9 +204,6 @@ def write_sharded(config: dict, out: Path, seed: int, dtype: str) -> None:
         total += offset
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
-
-
-FILE_DTYPE = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
 
 
 def fingerprint(kind: str, seed: int = 0, dtype: str = "float32") -> str:
