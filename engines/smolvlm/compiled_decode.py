@@ -47,6 +47,7 @@ from torch import nn
 from ffai import host, messages
 from ffai.models import ffai_home
 from ffai.opt_in_linears import PackedBf16Linear, QuantizedLinear, RowScaledLinear, quantize_rows, row_scales
+from ffai.verification import sha256_file
 
 from .text import DecoderLayer, KVCache, TextModel, apply_rope
 
@@ -238,11 +239,7 @@ def weight_sha256(path: Path) -> str:
         record = {}
     if isinstance(record.get(str(real)), dict) and record[str(real)].get("stamp") == stamp:
         return record[str(real)]["sha256"]
-    digest = hashlib.sha256()
-    with open(real, "rb") as f:
-        while chunk := f.read(1 << 24):
-            digest.update(chunk)
-    record[str(real)] = {"stamp": stamp, "sha256": digest.hexdigest()}
+    record[str(real)] = {"stamp": stamp, "sha256": sha256_file(real)}
     try:  # only a later start's time depends on it
         record_path.parent.mkdir(parents=True, exist_ok=True)
         _replace_text(record_path, json.dumps(record, indent=1) + "\n")
