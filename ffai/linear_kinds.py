@@ -8,7 +8,7 @@ from __future__ import annotations
 
 PLAIN = "plain"  # the engine's own linear, in the plan's ``weights`` dtype
 INT8 = "int8"  # QuantizedLinear on fbgemm: int8 weight, a call's activations quantised by one range
-INT8_ONEDNN = "int8 oneDNN"  # QuantizedLinear packed for oneDNN's kernel (AMX-INT8 tiles)
+INT8_ONEDNN = "int8 oneDNN"  # OneDnnInt8Linear: oneDNN's int8 matmul (a tile's rows on VNNI/AMX CPUs)
 INT8_BY_ROW = "int8 by row"  # RowScaledLinear: a plain int8 weight, no activation range shared by rows
 BF16_ONEDNN = "bfloat16 oneDNN"  # PackedBf16Linear: the weight reordered once for oneDNN's kernel
 FLOAT32 = "float32"  # the engine's own linear in float32, whatever the plan's ``weights`` dtype
@@ -16,6 +16,9 @@ FLOAT32 = "float32"  # the engine's own linear in float32, whatever the plan's `
 # int8 dot products that sum u8 x s8 straight into 32 bits: activations may use all 8 bits.
 # Elsewhere (AVX2's vpmaddubsw saturates in 16 bits) they keep to 7.
 INT8_FULL_RANGE_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
+# Where oneDNN's int8 matmul (OneDnnInt8Linear) runs a tile's rows: its u8 x s8 sums are exact
+# (32-bit) with AVX-512 VNNI and AMX-INT8, and it beat fbgemm there (docs/precision-and-speed.md).
+ONEDNN_INT8_FLAGS = frozenset({"avx512_vnni", "amx_int8"})
 # Where oneDNN multiplies bfloat16 natively, by /proc/cpuinfo's flags (a plan also asks torch:
 # ``opt_in_linears.onednn_bf16``).
 NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})

@@ -1,5 +1,6 @@
 """The linear layers of the opt-in dtypes: int8 (:class:`QuantizedLinear` on fbgemm,
-:class:`RowScaledLinear` by row) and bfloat16 reordered for oneDNN (:class:`PackedBf16Linear`).
+:class:`OneDnnInt8Linear` on oneDNN, :class:`RowScaledLinear` by row) and bfloat16 reordered
+for oneDNN (:class:`PackedBf16Linear`).
 
 Which linear becomes which, and with what settings, is the precision plan's choice
 (each engine's precision plan, e.g. ``ffai_smolvlm.precision``); the loader builds these from the checkpoint's float weights as
@@ -8,9 +9,15 @@ they are read, so no float copy stays resident.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+# torch marks its quantised tensors deprecated; OneDnnInt8Linear quantises each call's
+# activations through one (the fastest of torch's quantisers) and keeps only its bytes.
+warnings.filterwarnings("ignore", message=r"torch\.quantize_per_tensor, torch\.quantize_per_channel")
 
 
 class QuantizedLinear(nn.Module):
@@ -49,6 +56,53 @@ class QuantizedLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 ({self.engine})"
+
+
+class OneDnnInt8Linear(nn.Module):
+    """An int8 linear layer on oneDNN's int8 matmul (``--dtype int8``, a tile's many rows on a CPU
+    whose int8 dot product sums u8 x s8 into 32 bits: AVX-512 VNNI, AMX-INT8).
+
+    The weight is :class:`QuantizedLinear`'s (symmetric, one float32 scale per output row),
+    reordered once for oneDNN (``onednn.qlinear_prepack``: the only copy, where torch's own
+    dynamic linear on oneDNN kept the int8 original beside its packed weight); each call
+    quantises its input to 8 bits by the call's own range and runs torch's
+    ``onednn.qlinear_pointwise``, the kernel inductor runs for a quantised linear, with float32
+    output. :meth:`gelu_tanh` fuses the MLP's GELU into it as a post-op on the float32 sums:
+    no separate pass over a tile's 1024 x 3072 activations (docs/precision-and-speed.md).
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, parts: tuple[int, ...] = ()) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.parts = parts
+        w = weight.detach().to(torch.float32)
+        self.scale = row_scales(w)  # (out,) float32
+        self.packed = torch.ops.onednn.qlinear_prepack(quantize_rows(w, self.scale), None)
+        self.zero = torch.zeros(self.out_features, dtype=torch.long)
+        self.bias = None if bias is None else bias.detach().to(torch.float32)
+
+    def _matmul(self, x: torch.Tensor, post_op: str, algorithm: str) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)
+        if rows.shape[0] == 0:  # no range to quantise by
+            return rows.new_zeros((*x.shape[:-1], self.out_features), dtype=torch.float32)
+        q = torch.quantize_per_tensor_dynamic(rows.float(), torch.quint8, False)
+        # The quantised tensor's bytes as the plain uint8 tensor the kernel takes, not copied.
+        qx = torch.empty(0, dtype=torch.uint8).set_(q.untyped_storage(), q.storage_offset(), q.size(), q.stride())
+        y = torch.ops.onednn.qlinear_pointwise(
+            qx, q.q_scale(), q.q_zero_point(), self.packed, self.scale, self.zero, self.bias,
+            1.0, 0, torch.float32, post_op, [], algorithm,
+        )  # fmt: skip
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._matmul(x, "none", "")
+
+    def gelu_tanh(self, x: torch.Tensor) -> torch.Tensor:
+        """GELU (tanh approximation) of this layer's output, as a post-op on the float32 sums."""
+        return self._matmul(x, "gelu", "tanh")
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 (oneDNN)"
 
 
 class RowScaledLinear(nn.Module):
@@ -116,8 +170,6 @@ def pack_int8(weight: torch.Tensor, bias: torch.Tensor | None, engine: str = "fb
     """float (out, in) weight -> torch's int8 weight prepacked for the quantised ``engine``
     (fbgemm, onednn), per-row symmetric scales. A packed weight keeps its engine's kernel
     whichever engine torch has selected when it runs."""
-    import warnings
-
     w = weight.detach().to(torch.float32)
     scale = row_scales(w).to(torch.float64)  # (out,)
     zero = torch.zeros(w.shape[0], dtype=torch.long)

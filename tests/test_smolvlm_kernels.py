@@ -1,5 +1,5 @@
 """The opt-in dtypes' vision-tower fast paths on CPUs where oneDNN multiplies bfloat16 natively
-(issue 24): the tanh GELU fused into a packed bfloat16 fc1, and packed layers taking and giving
+(issue 24): the tanh GELU fused into a packed bfloat16 or oneDNN int8 fc1, and packed layers taking and giving
 bfloat16 where the tower attends in bfloat16. The shortcuts must give the values of the long
 way (exactly, where no rounding changes) and the GELU the value of float32 sums."""
 
@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from cpu_samples import AVX2_ONLY, EPYC_ZEN4, SAPPHIRE_RAPIDS
 from ffai import host
-from ffai.opt_in_linears import PackedBf16Linear
+from ffai.opt_in_linears import OneDnnInt8Linear, PackedBf16Linear
 from ffai_smolvlm import kernels
 from ffai_smolvlm.config import VisionConfig
 from ffai_smolvlm.precision import Attention, onednn_bf16
@@ -65,6 +65,18 @@ def test_the_fused_gelu_is_gelu_of_the_float32_sums():
     assert float(err.mean()) < float((rounded_first - exact).abs().mean())
 
 
+@pytest.mark.skipif(not host.cpu_info().flags & {"avx512_vnni", "amx_int8"}, reason="needs AVX-512 VNNI or AMX-INT8")
+def test_the_vision_mlp_fuses_the_gelu_of_a_onednn_int8_fc1():
+    torch.manual_seed(2)
+    mlp = VisionMLP(CFG)
+    x = torch.randn(1, 40, 64)
+    long_way = mlp.fc2(F.gelu(mlp.fc1(x), approximate="tanh"))
+    mlp.fc1, mlp.fc2 = (OneDnnInt8Linear(layer.weight, layer.bias) for layer in (mlp.fc1, mlp.fc2))
+    y = mlp(x)
+    assert torch.equal(y, mlp.fc2(mlp.fc1.gelu_tanh(x)))
+    assert F.cosine_similarity(y.flatten(), long_way.flatten(), dim=0) > 0.999
+
+
 @native_bf16
 def test_the_vision_mlp_fuses_the_gelu_of_a_packed_fc1():
     torch.manual_seed(2)
@@ -100,6 +112,8 @@ def test_ffai_engines_names_the_fused_gelu_where_bfloat16_is_native():
         flags = host.parse_cpuinfo(text).flags
         report = kernels.report(flags)
         named = [g for dtype in ("int8", "bfloat16") for g in report[dtype] if kernels.FUSED_GELU in g["kernel"]]
-        # int8's wide layers and bfloat16's linears; with AMX-BF16 int8's vision tower too.
-        expected = (2 + ("amx_bf16" in flags)) if kernels.native_bf16_flags(flags) else 0
+        # int8's wide layers and bfloat16's linears where bfloat16 is native; int8's vision
+        # tower wherever it runs on oneDNN (bfloat16 with AMX-BF16, int8 with VNNI or AMX-INT8).
+        expected = 2 if kernels.native_bf16_flags(flags) else 0
+        expected += bool(flags & kernels.ONEDNN_INT8_FLAGS)
         assert len(named) == expected, text

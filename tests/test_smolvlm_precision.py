@@ -23,6 +23,7 @@ from ffai.errors import UsageError
 from ffai.inline import InlineEngine
 from ffai.opt_in_linears import (
     QUANTIZE_ROWS_BLOCK,
+    OneDnnInt8Linear,
     PackedBf16Linear,
     QuantizedLinear,
     RowScaledLinear,
@@ -77,7 +78,8 @@ def test_the_float32_plan_is_the_exact_path():
 def test_the_int8_plan_by_cpu(monkeypatch, native):
     """Every linear int8 but the first four layers of each tower, held in bfloat16 where the CPU
     multiplies it natively (torch and the flags both say so), else in float32. The vision
-    tower's activations int8 by tile, on oneDNN where the CPU has AMX-INT8, on fbgemm elsewhere;
+    tower's activations int8 by tile, on oneDNN where the CPU has AMX-INT8 or AVX-512 VNNI, on
+    fbgemm elsewhere;
     with native bfloat16 the connector and the text tower (LM head aside) keep their activations
     unquantised, without it only the down projections and the connector take rows by
     themselves. 8-bit activations only where the int8 dot product sums into 32 bits; the table
@@ -91,6 +93,7 @@ def test_the_int8_plan_by_cpu(monkeypatch, native):
         assert plan.device == "cpu" and plan.weights == torch.float32 and plan.float32_parts == ()
         kinds = {name: plan.linear(name) for name in LINEARS}
         vision = (BF16_ONEDNN if bf16 else INT8_ONEDNN) if text == SAPPHIRE_RAPIDS else INT8
+        vision = INT8_ONEDNN if text == EPYC_ZEN4 else vision  # AVX-512 VNNI: oneDNN's sums are exact
         by_row = {"text.layers.3.mlp.down_proj", "connector.modality_projection.proj"}
         if bf16:
             by_row |= {"text.layers.4.mlp.gate_up"}
@@ -123,7 +126,7 @@ def test_ffai_engines_reports_the_plans_kernels():
         native = kernels.native_bf16_flags(flags)
         assert [g["layers"] for g in int8][:2] == ["first 4 layers of each tower", "vision tower"]
         assert ("bfloat16" in int8[0]["kernel"]) is native and "int8" not in int8[0]["kernel"].split(",")[0]
-        assert ("oneDNN" in int8[1]["kernel"]) is ("amx_int8" in flags), text
+        assert ("oneDNN" in int8[1]["kernel"]) is bool(flags & kernels.ONEDNN_INT8_FLAGS), text
         assert all(
             ("7-bit" in g["kernel"]) is not bool(flags & kernels.INT8_FULL_RANGE_FLAGS)
             for g in int8
@@ -533,9 +536,36 @@ def test_int8_linear_products_are_exact_on_either_engine(engine):
         QuantizedLinear(weight, None, reduce_range=False, engine="nonesuch")
 
 
+ONEDNN_INT8 = pytest.mark.skipif(
+    not host.cpu_info().flags & {"avx512_vnni", "amx_int8"}, reason="needs a CPU with AVX-512 VNNI or AMX-INT8"
+)
+
+
+@ONEDNN_INT8
+def test_onednn_int8_linear_is_exact_on_the_grid_and_fuses_the_gelu():
+    """OneDnnInt8Linear (a tile's rows where oneDNN's int8 sums are exact): inputs on the int8
+    grid give the exact product to float32's rounding; random inputs stay within int8's rounding
+    of the float product; the fused GELU is the GELU of the same float32 sums; the int8 weight
+    is held once, packed; no rows give no rows."""
+    gen = torch.Generator().manual_seed(3)
+    x, weight, exact = _on_the_int8_grid(gen, 40, 256, 96)
+    layer = OneDnnInt8Linear(weight, None)
+    assert "int8 (oneDNN)" in repr(layer) and not list(layer.parameters())
+    y = layer(x)
+    assert y.dtype == torch.float32 and ((y.double() - exact).abs() <= 1e-6 * exact.abs() + 1e-6).all()
+    bias = torch.randn(96, generator=gen)
+    layer = OneDnnInt8Linear(weight, bias)
+    rows = torch.randn(2, 40, 256, generator=gen)
+    assert _cosine(layer(rows), F.linear(rows, weight, bias)) > 0.9998
+    fused = layer.gelu_tanh(rows)
+    assert fused.shape == (2, 40, 96)
+    assert torch.allclose(fused, F.gelu(layer(rows), approximate="tanh"), rtol=1e-5, atol=1e-5)
+    assert layer(torch.empty(0, 256)).shape == (0, 96)
+
+
 EXACTNESS = """
 import json, torch
-from ffai.opt_in_linears import QuantizedLinear
+from ffai.opt_in_linears import OneDnnInt8Linear
 gen = torch.Generator().manual_seed(5)
 x = torch.randint(-127, 128, (64, 512), generator=gen, dtype=torch.int8)
 w = torch.randint(-127, 128, (128, 512), generator=gen, dtype=torch.int8)
@@ -544,17 +574,15 @@ exact = x.long() @ w.long().t()
 int_mm = torch.equal(torch._int_mm(x, w.t()).long(), exact)
 xf = x.float()
 xf[0, :2] = torch.tensor([-128.0, 127.0])
-y = QuantizedLinear(w.float(), None, reduce_range=False, engine="onednn")(xf).double()
+y = OneDnnInt8Linear(w.float(), None)(xf).double()
 onednn = bool(((y - xf.double() @ w.double().t()).abs() <= 1e-6 * y.abs() + 1e-3).all())
 print(json.dumps({"int_mm": int_mm, "onednn": onednn}))
 """
 
 
-@pytest.mark.skipif(
-    not host.cpu_info().flags & {"avx512_vnni", "amx_int8"}, reason="needs a CPU with AVX-512 VNNI or AMX-INT8"
-)
+@ONEDNN_INT8
 def test_onednns_int8_is_exact_where_the_plan_uses_it_and_not_on_avx2(tmp_path):
-    """The int8 products the plan sends to oneDNN (torch._int_mm, oneDNN-packed linears) are
+    """The int8 products the plan sends to oneDNN (torch._int_mm, OneDnnInt8Linear) are
     exact with oneDNN held to AVX-512 VNNI and at this CPU's best ISA (AMX where present); held to
     AVX2, 8-bit operands saturate its 16-bit sums, which is why AVX2 CPUs get neither (the plan
     and RowScaledLinear's int_mm switch, tested above)."""

@@ -18,6 +18,7 @@ from ffai.linear_kinds import INT8 as INT8
 from ffai.linear_kinds import INT8_BY_ROW as INT8_BY_ROW
 from ffai.linear_kinds import INT8_FULL_RANGE_FLAGS as INT8_FULL_RANGE_FLAGS
 from ffai.linear_kinds import INT8_ONEDNN as INT8_ONEDNN
+from ffai.linear_kinds import ONEDNN_INT8_FLAGS as ONEDNN_INT8_FLAGS
 from ffai.linear_kinds import PLAIN as PLAIN
 from ffai.linear_kinds import by_row_kernel
 from ffai.linear_kinds import native_bf16_flags as native_bf16_flags
@@ -52,7 +53,7 @@ def int8_linears(flags: frozenset[str], bf16: bool) -> tuple[tuple[str, str], ..
     """int8's (module-name pattern, kind) on a CPU with ``flags`` (``bf16``: oneDNN multiplies
     bfloat16 natively), the first match winning."""
     wide = BF16_ONEDNN if bf16 else FLOAT32
-    tile = INT8_ONEDNN if "amx_int8" in flags else INT8
+    tile = INT8_ONEDNN if flags & ONEDNN_INT8_FLAGS else INT8
     if bf16:
         # The vision tower whole in bfloat16: at 2B its int8 (first four blocks wide) moved the
         # features by 0.0003 only, but the prefill logits to 0.9955, under int8's 0.996 margin;
@@ -99,7 +100,12 @@ def _int8_kernel(pattern: str, kind: str, flags: frozenset[str], bf16: bool, ear
         weights = f"{_bf16_onednn(flags)}, not int8" if kind == BF16_ONEDNN else "float32, torch's default, not int8"
         return Kernel(label, weights, "their rounding grows through every later layer")
     if kind == INT8_ONEDNN:
-        return Kernel(label, f"int8 x int8 on oneDNN, {bits} activations per call", "AMX-INT8 tiles")
+        why = (
+            "AMX-INT8 tiles"
+            if "amx_int8" in flags
+            else "AVX-512 VNNI: exact 32-bit sums, faster than fbgemm on many rows"
+        )
+        return Kernel(label, f"int8 x int8 on oneDNN, {bits} activations per call", why)
     if kind == INT8:
         why = "fbgemm's int8 kernels, fastest for one row" if pattern == HEAD else "fbgemm's int8 kernels"
         if pattern == VISION:

@@ -100,13 +100,14 @@ def plan_precision(dtype: str, cpu: host.CpuInfo | None = None) -> PrecisionPlan
 def build_linear(kind: str, weight: torch.Tensor, bias: torch.Tensor | None, plan: PrecisionPlan):
     """The layer of ``kind`` for a float ``weight`` (out, in) and ``bias`` (None for PLAIN/FLOAT32:
     the loader keeps those as ``layers.Linear``)."""
-    from ffai.opt_in_linears import PackedBf16Linear, QuantizedLinear, RowScaledLinear
+    from ffai.opt_in_linears import OneDnnInt8Linear, PackedBf16Linear, QuantizedLinear, RowScaledLinear
 
     if kind == BF16_ONEDNN:
         return PackedBf16Linear(weight, bias)
-    if kind in (INT8, INT8_ONEDNN):
-        engine = "onednn" if kind == INT8_ONEDNN else "fbgemm"
-        return QuantizedLinear(weight, bias, reduce_range=plan.reduce_range, engine=engine)
+    if kind == INT8:
+        return QuantizedLinear(weight, bias, reduce_range=plan.reduce_range)
+    if kind == INT8_ONEDNN:
+        return OneDnnInt8Linear(weight, bias)
     if kind == INT8_BY_ROW:
         int_mm = not plan.reduce_range  # torch._int_mm's int32 sums are exact only with VNNI/AMX
         return RowScaledLinear(weight, bias, rows_dtype=plan.rows_dtype, int_mm=int_mm)

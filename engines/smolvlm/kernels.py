@@ -19,6 +19,7 @@ from ffai.linear_kinds import INT8_BY_ROW as INT8_BY_ROW
 from ffai.linear_kinds import INT8_FULL_RANGE_FLAGS as INT8_FULL_RANGE_FLAGS
 from ffai.linear_kinds import INT8_ONEDNN as INT8_ONEDNN
 from ffai.linear_kinds import NATIVE_BF16_FLAGS as NATIVE_BF16_FLAGS
+from ffai.linear_kinds import ONEDNN_INT8_FLAGS as ONEDNN_INT8_FLAGS
 from ffai.linear_kinds import PLAIN as PLAIN
 from ffai.linear_kinds import by_row_kernel
 from ffai.linear_kinds import native_bf16_flags as native_bf16_flags
@@ -35,8 +36,10 @@ HEAD = r"text\.lm_head$"
 # input (silu(gate) * up) spans far wider ranges from token to token than any other layer's,
 # and the connector, whose 12288 inputs lose the most to one shared range.
 INT8_BY_ROW_LAYERS = r"text\.layers\.\d+\.mlp\.down_proj$|connector\.modality_projection\.proj$"
-# PackedBf16Linear.gelu_tanh: a vision MLP's GELU as oneDNN's post-op on the float32 sums.
+# PackedBf16Linear.gelu_tanh, OneDnnInt8Linear.gelu_tanh: a vision MLP's GELU as oneDNN's post-op
+# on the float32 sums.
 FUSED_GELU = "vision fc1 with its GELU fused"
+ONEDNN_VNNI_WHY = "AVX-512 VNNI: about 0.9x fbgemm's time on a tile"
 LABELS = {
     WIDE_LAYERS: "first 4 layers of each tower",
     VISION: "vision tower",
@@ -51,8 +54,8 @@ def int8_linears(flags: frozenset[str], bf16: bool) -> tuple[tuple[str, str], ..
 
     The first four layers of each tower keep wider weights (``WIDE_LAYERS``). The rest of the
     vision tower (a tile's 1024 rows a call, its activation range that tile's) runs in bfloat16
-    on oneDNN where the CPU has AMX-BF16, int8 on oneDNN where it has AMX-INT8 alone, on fbgemm
-    elsewhere. With native bfloat16 the connector and
+    on oneDNN where the CPU has AMX-BF16, int8 on oneDNN where it has AMX-INT8 or AVX-512 VNNI
+    (``ONEDNN_INT8_FLAGS``: exact 32-bit sums), on fbgemm elsewhere. With native bfloat16 the connector and
     the text tower keep their activations unquantised (int8 weights times bfloat16 rows): int8
     activations in the text tower cost the prefill logits more than everything else together,
     and one shared range was not the cause (docs/precision-and-speed.md). The LM head stays on
@@ -60,7 +63,7 @@ def int8_linears(flags: frozenset[str], bf16: bool) -> tuple[tuple[str, str], ..
     # With AMX-BF16 the tiles run faster in bfloat16 (oneDNN, the GELU fused) than int8 x int8 on
     # AMX-INT8, whose dynamic linear keeps a float32 GELU pass and casts; in the same memory (its
     # packed int8 weight keeps the original beside it) and closer to float32 (docs/benchmarks.md).
-    tile = BF16_ONEDNN if bf16 and "amx_bf16" in flags else INT8_ONEDNN if "amx_int8" in flags else INT8
+    tile = BF16_ONEDNN if bf16 and "amx_bf16" in flags else INT8_ONEDNN if flags & ONEDNN_INT8_FLAGS else INT8
     wide = (WIDE_LAYERS, BF16_ONEDNN if bf16 else FLOAT32)
     if bf16:
         return (wide, (VISION, tile), (HEAD, INT8), (r".", INT8_BY_ROW))
@@ -82,7 +85,7 @@ class Kernel(NamedTuple):
     why: str
 
 
-def _int8_kernel(kind: str, flags: frozenset[str], bf16: bool) -> tuple[str, str]:
+def _int8_kernel(pattern: str, kind: str, flags: frozenset[str], bf16: bool) -> tuple[str, str]:
     if kind in (BF16_ONEDNN, FLOAT32):
         weights = (
             f"bfloat16 on oneDNN, not int8; {FUSED_GELU}"
@@ -92,9 +95,13 @@ def _int8_kernel(kind: str, flags: frozenset[str], bf16: bool) -> tuple[str, str
         return weights, "their rounding grows through every later layer: most of the logits' loss"
     bits = "8-bit" if flags & INT8_FULL_RANGE_FLAGS else "7-bit (16-bit sums saturate)"
     if kind == INT8_ONEDNN:
-        return f"int8 x int8 on oneDNN, {bits} activations per call", "AMX-INT8 tiles: about 3x fbgemm on a tile"
+        why = "AMX-INT8 tiles: about 3x fbgemm on a tile" if "amx_int8" in flags else ONEDNN_VNNI_WHY
+        return f"int8 x int8 on oneDNN, {bits} activations per call; {FUSED_GELU}", why
     if kind == INT8:
-        return f"int8 x int8 on fbgemm, {bits} activations per call", "fbgemm's int8 kernels, fastest for one row"
+        why = "fbgemm's int8 kernels, fastest for one row" if pattern == HEAD else "fbgemm's int8 kernels"
+        if pattern == VISION:  # a tile's rows, on a CPU without VNNI or AMX
+            why = "oneDNN's int8 is not exact without VNNI (16-bit sums saturate)"
+        return f"int8 x int8 on fbgemm, {bits} activations per call", why
     return by_row_kernel(flags, bf16)
 
 
@@ -117,7 +124,7 @@ def report(flags: frozenset[str]) -> dict[str, list[dict[str, str]]]:
     """Each dtype's kernels on a CPU with ``flags``, as ``ffai engines`` prints them."""
     bf16 = native_bf16_flags(flags)
     rest = "connector, text tower" if bf16 else "other text linears"
-    int8 = [Kernel(LABELS.get(p, rest), *_int8_kernel(k, flags, bf16)) for p, k in int8_linears(flags, bf16)]
+    int8 = [Kernel(LABELS.get(p, rest), *_int8_kernel(p, k, flags, bf16)) for p, k in int8_linears(flags, bf16)]
     int8 = [_bf16_tiles(k) if k.layers == LABELS[VISION] and k.kernel.startswith("bfloat16") else k for k in int8]
     if bf16:
         amx = " (AMX)" if "amx_bf16" in flags else ""

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from ffai.errors import ModelError
-from ffai.opt_in_linears import PackedBf16Linear, QuantizedLinear, RowScaledLinear
+from ffai.opt_in_linears import OneDnnInt8Linear, PackedBf16Linear, QuantizedLinear, RowScaledLinear
 from ffai.safetensors_reads import FILE_DTYPES, RawHeader
 
 from .config import ModelConfig
@@ -286,9 +286,10 @@ MAP_MIN_BYTES = 4 << 20
 def opt_in_linear(plan: PrecisionPlan, name: str, weight: torch.Tensor, bias, parts: tuple[int, ...]) -> nn.Module:
     """The layer ``plan`` makes of the linear ``name`` from its float weight and bias."""
     kind = plan.linear(name)
-    if kind in (INT8, INT8_ONEDNN):
-        engine = "onednn" if kind == INT8_ONEDNN else "fbgemm"
-        return QuantizedLinear(weight, bias, reduce_range=plan.int8.reduce_range, parts=parts, engine=engine)
+    if kind == INT8:
+        return QuantizedLinear(weight, bias, reduce_range=plan.int8.reduce_range, parts=parts)
+    if kind == INT8_ONEDNN:
+        return OneDnnInt8Linear(weight, bias, parts)
     if kind == INT8_BY_ROW:
         int8 = plan.int8
         return RowScaledLinear(weight, bias, rows_dtype=int8.rows_dtype, int_mm=not int8.reduce_range, parts=parts)

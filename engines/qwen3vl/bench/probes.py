@@ -118,6 +118,7 @@ def variants() -> dict:
     import torch
 
     from ffai import host
+    from ffai.linear_kinds import ONEDNN_INT8_FLAGS
     from ffai_qwen3vl.precision import (
         BF16_ONEDNN,
         FLOAT32,
@@ -134,7 +135,7 @@ def variants() -> dict:
 
     bf, i8 = plan_precision("bfloat16"), plan_precision("int8")
     wide = BF16_ONEDNN if i8.rows_dtype == torch.bfloat16 else FLOAT32
-    tile = INT8_ONEDNN if "amx_int8" in host.cpu_info().flags else INT8
+    tile = INT8_ONEDNN if host.cpu_info().flags & ONEDNN_INT8_FLAGS else INT8
     first = ((WIDE_VISION, wide), (WIDE_TEXT, wide), (MERGERS, INT8_BY_ROW), (VISION, tile), (HEAD, INT8))
     first += ((r".", INT8_BY_ROW),)
     no_wide = first[2:]
