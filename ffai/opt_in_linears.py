@@ -24,11 +24,12 @@ class QuantizedLinear(nn.Module):
     """A linear layer with int8 weights and dynamically quantised activations (``--dtype int8``).
 
     The weight is quantised per output channel (symmetric, one float32 scale per row) and
-    prepacked once for torch's quantised ``engine`` (``fbgemm``: AVX2, AVX-512, VNNI; ``onednn``:
-    AMX-INT8 tiles where the CPU has them); each call quantises its input to 8 bits by the input's
-    own range, multiplies in int8 with int32 sums and returns float32 (bias added in float32). The
-    packed weight is the only copy: no float32 weight stays resident. ``parts`` is kept from a
-    ``layers.FusedLinear``. Which engine runs which layer on which CPU is ``kernels.int8_linears``'.
+    prepacked once for fbgemm (AVX2, AVX-512, VNNI); each call quantises its input to 8 bits by
+    the input's own range, multiplies in int8 with int32 sums and returns float32 (bias added in
+    float32). The packed weight is the only copy: no float32 weight stays resident. ``parts`` is
+    kept from a ``layers.FusedLinear``. Which layers take it on which CPU is
+    ``kernels.int8_linears``' (a tile's rows go to :class:`OneDnnInt8Linear` where oneDNN's int8
+    sums are exact).
 
     ``reduce_range`` quantises activations to 7 bits, for CPUs whose int8 dot product
     saturates in 16 bits (AVX2's vpmaddubsw); AVX-512 VNNI sums u8 x s8 straight into 32 bits,
@@ -42,20 +43,18 @@ class QuantizedLinear(nn.Module):
         *,
         reduce_range: bool,
         parts: tuple[int, ...] = (),
-        engine: str = "fbgemm",
     ):
         super().__init__()
         self.out_features, self.in_features = weight.shape
         self.parts = parts
         self.reduce_range = reduce_range
-        self.engine = engine
-        self.packed = pack_int8(weight, bias, engine)
+        self.packed = pack_int8(weight, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.quantized.linear_dynamic(x, self.packed, self.reduce_range)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, int8 ({self.engine})"
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 (fbgemm)"
 
 
 class OneDnnInt8Linear(nn.Module):
@@ -166,10 +165,10 @@ class RowScaledLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 by row ({self.rows_dtype})"
 
 
-def pack_int8(weight: torch.Tensor, bias: torch.Tensor | None, engine: str = "fbgemm"):
-    """float (out, in) weight -> torch's int8 weight prepacked for the quantised ``engine``
-    (fbgemm, onednn), per-row symmetric scales. A packed weight keeps its engine's kernel
-    whichever engine torch has selected when it runs."""
+def pack_int8(weight: torch.Tensor, bias: torch.Tensor | None):
+    """float (out, in) weight -> torch's int8 weight prepacked for fbgemm, per-row symmetric
+    scales. A packed weight keeps fbgemm's kernel whichever quantised engine torch has selected
+    when it runs."""
     w = weight.detach().to(torch.float32)
     scale = row_scales(w).to(torch.float64)  # (out,)
     zero = torch.zeros(w.shape[0], dtype=torch.long)
@@ -179,10 +178,10 @@ def pack_int8(weight: torch.Tensor, bias: torch.Tensor | None, engine: str = "fb
         qweight = torch._make_per_channel_quantized_tensor(quantize_rows(w, scale), scale, zero, 0)
     b = None if bias is None else bias.detach().to(torch.float32)
     engines = torch.backends.quantized
-    if engine not in engines.supported_engines:
-        raise ValueError(f"torch has no quantised engine {engine!r} here (it has {engines.supported_engines})")
+    if "fbgemm" not in engines.supported_engines:
+        raise ValueError(f"torch has no fbgemm engine here (it has {engines.supported_engines})")
     chosen = engines.engine
-    engines.engine = engine  # prepack reads the global choice; set only for this call
+    engines.engine = "fbgemm"  # prepack reads the global choice; set only for this call
     try:
         return torch.ops.quantized.linear_prepack(qweight, b)
     finally:

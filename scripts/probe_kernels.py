@@ -53,7 +53,7 @@ def best_ms(fn, repeats: int) -> float:
 def candidates(weight: torch.Tensor, flags: frozenset[str], bf16: bool) -> dict:
     reduce_range = not flags & kernels.INT8_FULL_RANGE_FLAGS
     out = {"float32": lambda x: F.linear(x, weight)}
-    out[kernels.INT8] = QuantizedLinear(weight, None, reduce_range=reduce_range, engine="fbgemm")
+    out[kernels.INT8] = QuantizedLinear(weight, None, reduce_range=reduce_range)
     # oneDNN's int8 is exact only where its sums do not saturate (VNNI, AMX): kernels.py.
     if "onednn" in torch.backends.quantized.supported_engines and flags & kernels.INT8_FULL_RANGE_FLAGS:
         out[kernels.INT8_ONEDNN] = OneDnnInt8Linear(weight, None)
