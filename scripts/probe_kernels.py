@@ -55,7 +55,7 @@ def candidates(weight: torch.Tensor, flags: frozenset[str], bf16: bool) -> dict:
     out = {"float32": lambda x: F.linear(x, weight)}
     out[kernels.INT8] = QuantizedLinear(weight, None, reduce_range=reduce_range)
     # oneDNN's int8 is exact only where its sums do not saturate (VNNI, AMX): kernels.py.
-    if "onednn" in torch.backends.quantized.supported_engines and flags & kernels.INT8_FULL_RANGE_FLAGS:
+    if torch.backends.mkldnn.is_available() and flags & kernels.INT8_FULL_RANGE_FLAGS:
         out[kernels.INT8_ONEDNN] = OneDnnInt8Linear(weight, None)
     rows_dtype = torch.bfloat16 if bf16 else torch.float32
     out[kernels.INT8_BY_ROW] = RowScaledLinear(weight, None, rows_dtype=rows_dtype)

@@ -60,9 +60,10 @@ def int8_linears(flags: frozenset[str], bf16: bool) -> tuple[tuple[str, str], ..
     activations in the text tower cost the prefill logits more than everything else together,
     and one shared range was not the cause (docs/precision-and-speed.md). The LM head stays on
     fbgemm, the fastest for one row of 49k outputs and the least sensitive layer."""
-    # With AMX-BF16 the tiles run faster in bfloat16 (oneDNN, the GELU fused) than int8 x int8 on
-    # AMX-INT8, whose dynamic linear keeps a float32 GELU pass and casts; in the same memory (its
-    # packed int8 weight keeps the original beside it) and closer to float32 (docs/benchmarks.md).
+    # With AMX-BF16 the tiles ran faster in bfloat16 (oneDNN, the GELU fused) than int8 x int8 on
+    # AMX-INT8 through torch's dynamic linear (a float32 GELU pass and casts; its packed weight
+    # kept the original beside it), and closer to float32 (docs/benchmarks.md). OneDnnInt8Linear
+    # has since removed both costs; AMX's choice between the two is not re-measured yet.
     tile = BF16_ONEDNN if bf16 and "amx_bf16" in flags else INT8_ONEDNN if flags & ONEDNN_INT8_FLAGS else INT8
     wide = (WIDE_LAYERS, BF16_ONEDNN if bf16 else FLOAT32)
     if bf16:
