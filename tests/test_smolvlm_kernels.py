@@ -65,7 +65,7 @@ def test_the_fused_gelu_is_gelu_of_the_float32_sums():
     assert float(err.mean()) < float((rounded_first - exact).abs().mean())
 
 
-@pytest.mark.skipif(not host.cpu_info().flags & {"avx512_vnni", "amx_int8"}, reason="needs AVX-512 VNNI or AMX-INT8")
+@pytest.mark.skipif(not host.cpu_info().flags & kernels.ONEDNN_INT8_FLAGS, reason="needs AVX-512 VNNI or AMX-INT8")
 def test_the_vision_mlp_fuses_the_gelu_of_a_onednn_int8_fc1():
     torch.manual_seed(2)
     mlp = VisionMLP(CFG)

@@ -537,7 +537,7 @@ def test_int8_linear_products_are_exact_on_fbgemm():
 
 
 ONEDNN_INT8 = pytest.mark.skipif(
-    not host.cpu_info().flags & {"avx512_vnni", "amx_int8"}, reason="needs a CPU with AVX-512 VNNI or AMX-INT8"
+    not host.cpu_info().flags & kernels.ONEDNN_INT8_FLAGS, reason="needs a CPU with AVX-512 VNNI or AMX-INT8"
 )
 
 
