@@ -113,7 +113,7 @@ def test_ffai_engines_names_the_fused_gelu_where_bfloat16_is_native():
         report = kernels.report(flags)
         named = [g for dtype in ("int8", "bfloat16") for g in report[dtype] if kernels.FUSED_GELU in g["kernel"]]
         # int8's wide layers and bfloat16's linears where bfloat16 is native; int8's vision
-        # tower wherever it runs on oneDNN (bfloat16 with AMX-BF16, int8 with VNNI or AMX-INT8).
+        # tower wherever it runs on oneDNN (int8 with VNNI or AMX-INT8).
         expected = 2 if kernels.native_bf16_flags(flags) else 0
         expected += bool(flags & kernels.ONEDNN_INT8_FLAGS)
         assert len(named) == expected, text

@@ -92,8 +92,8 @@ def test_the_int8_plan_by_cpu(monkeypatch, native):
         plan = plan_precision("int8", "auto", cpu)
         assert plan.device == "cpu" and plan.weights == torch.float32 and plan.float32_parts == ()
         kinds = {name: plan.linear(name) for name in LINEARS}
-        vision = (BF16_ONEDNN if bf16 else INT8_ONEDNN) if text == SAPPHIRE_RAPIDS else INT8
-        vision = INT8_ONEDNN if text == EPYC_ZEN4 else vision  # AVX-512 VNNI: oneDNN's sums are exact
+        # AVX-512 VNNI and AMX-INT8: oneDNN's int8 sums are exact
+        vision = INT8_ONEDNN if text in (SAPPHIRE_RAPIDS, EPYC_ZEN4) else INT8
         by_row = {"text.layers.3.mlp.down_proj", "connector.modality_projection.proj"}
         if bf16:
             by_row |= {"text.layers.4.mlp.gate_up"}
@@ -127,6 +127,7 @@ def test_ffai_engines_reports_the_plans_kernels():
         assert [g["layers"] for g in int8][:2] == ["first 4 layers of each tower", "vision tower"]
         assert ("bfloat16" in int8[0]["kernel"]) is native and "int8" not in int8[0]["kernel"].split(",")[0]
         assert ("oneDNN" in int8[1]["kernel"]) is bool(flags & kernels.ONEDNN_INT8_FLAGS), text
+        assert ("(AMX)" in int8[1]["kernel"]) is ("amx_int8" in flags), text
         assert all(
             ("7-bit" in g["kernel"]) is not bool(flags & kernels.INT8_FULL_RANGE_FLAGS)
             for g in int8

@@ -53,18 +53,16 @@ def int8_linears(flags: frozenset[str], bf16: bool) -> tuple[tuple[str, str], ..
     bfloat16 natively), the first match winning.
 
     The first four layers of each tower keep wider weights (``WIDE_LAYERS``). The rest of the
-    vision tower (a tile's 1024 rows a call, its activation range that tile's) runs in bfloat16
-    on oneDNN where the CPU has AMX-BF16, int8 on oneDNN where it has AMX-INT8 or AVX-512 VNNI
-    (``ONEDNN_INT8_FLAGS``: exact 32-bit sums), on fbgemm elsewhere. With native bfloat16 the connector and
+    vision tower (a tile's 1024 rows a call, its activation range that tile's) runs int8 on
+    oneDNN where the CPU has AMX-INT8 or AVX-512 VNNI (``ONEDNN_INT8_FLAGS``: exact 32-bit sums),
+    on fbgemm elsewhere. With native bfloat16 the connector and
     the text tower keep their activations unquantised (int8 weights times bfloat16 rows): int8
     activations in the text tower cost the prefill logits more than everything else together,
     and one shared range was not the cause (docs/precision-and-speed.md). The LM head stays on
     fbgemm, the fastest for one row of 49k outputs and the least sensitive layer."""
-    # With AMX-BF16 the tiles ran faster in bfloat16 (oneDNN, the GELU fused) than int8 x int8 on
-    # AMX-INT8 through torch's dynamic linear (a float32 GELU pass and casts; its packed weight
-    # kept the original beside it), and closer to float32 (docs/benchmarks.md). OneDnnInt8Linear
-    # has since removed both costs; AMX's choice between the two is not re-measured yet.
-    tile = BF16_ONEDNN if bf16 and "amx_bf16" in flags else INT8_ONEDNN if flags & ONEDNN_INT8_FLAGS else INT8
+    # On AMX, OneDnnInt8Linear's tiles ran 3-6 % faster than bfloat16's (both with the GELU fused)
+    # in half the weight memory (docs/benchmarks.md, "AMX tiles: int8 again").
+    tile = INT8_ONEDNN if flags & ONEDNN_INT8_FLAGS else INT8
     wide = (WIDE_LAYERS, BF16_ONEDNN if bf16 else FLOAT32)
     if bf16:
         return (wide, (VISION, tile), (HEAD, INT8), (r".", INT8_BY_ROW))
@@ -97,18 +95,14 @@ def _int8_kernel(pattern: str, kind: str, flags: frozenset[str], bf16: bool) -> 
     bits = "8-bit" if flags & INT8_FULL_RANGE_FLAGS else "7-bit (16-bit sums saturate)"
     if kind == INT8_ONEDNN:
         why = "AMX-INT8 tiles: about 3x fbgemm on a tile" if "amx_int8" in flags else ONEDNN_VNNI_WHY
-        return f"int8 x int8 on oneDNN, {bits} activations per call; {FUSED_GELU}", why
+        amx = " (AMX)" if "amx_int8" in flags else ""
+        return f"int8 x int8 on oneDNN{amx}, {bits} activations per call; {FUSED_GELU}", why
     if kind == INT8:
         why = "fbgemm's int8 kernels, fastest for one row" if pattern == HEAD else "fbgemm's int8 kernels"
         if pattern == VISION:  # a tile's rows, on a CPU without VNNI or AMX
             why = "oneDNN's int8 is not exact without VNNI (16-bit sums saturate)"
         return f"int8 x int8 on fbgemm, {bits} activations per call", why
     return by_row_kernel(flags, bf16)
-
-
-def _bf16_tiles(kernel: Kernel) -> Kernel:
-    why = "AMX-BF16 with the GELU fused: faster than AMX-INT8 on a tile, in the same memory"
-    return kernel._replace(kernel=kernel.kernel.replace("oneDNN", "oneDNN (AMX)", 1), why=why)
 
 
 def throughput_dtype(flags: frozenset[str]) -> str:
@@ -126,7 +120,6 @@ def report(flags: frozenset[str]) -> dict[str, list[dict[str, str]]]:
     bf16 = native_bf16_flags(flags)
     rest = "connector, text tower" if bf16 else "other text linears"
     int8 = [Kernel(LABELS.get(p, rest), *_int8_kernel(p, k, flags, bf16)) for p, k in int8_linears(flags, bf16)]
-    int8 = [_bf16_tiles(k) if k.layers == LABELS[VISION] and k.kernel.startswith("bfloat16") else k for k in int8]
     if bf16:
         amx = " (AMX)" if "amx_bf16" in flags else ""
         bf = Kernel("other linears", f"bfloat16 on oneDNN{amx}, weight reordered once; {FUSED_GELU}", "native bfloat16")
