@@ -374,6 +374,13 @@ def caption(
         Optional[int],
         typer.Option("--threads", help="Torch threads per process running stages (default: the cores shared out)."),
     ] = None,
+    compile_: Annotated[
+        bool,
+        typer.Option(
+            "--compile",
+            help="With --dtype int8: run the decode step compiled for this machine (once, about a minute, cached; needs a C++ compiler), about 1.5x faster a token.",
+        ),
+    ] = False,
     placement: Annotated[
         str,
         typer.Option(
@@ -464,7 +471,7 @@ def caption(
             frame_min_pixels=frame_min_pixels,
             frame_max_pixels=frame_max_pixels,
         ),
-        runtime=RuntimeOptions(dtype=dtype, device=device, threads=threads),
+        runtime=RuntimeOptions(dtype=dtype, device=device, threads=threads, compile=compile_),
         max_in_flight=max_in_flight,
         placement=placement,
         **_live_options(max_lag, no_drop, stall_timeout),

@@ -128,11 +128,14 @@ class RuntimeOptions:
     """Where and how a model runs. ``dtype`` float32 is exact (token-identical to the reference);
     bfloat16 and int8 are opt-in and change rounding. ``threads`` is torch's thread count in each pipeline process
     (None: the cores shared out between them, ``ffai.captioning.pipeline_config``); the pipeline
-    sets it, an engine never does."""
+    sets it, an engine never does. ``compile``: an opt-in dtype may run parts the engine compiles
+    for this machine once (cached under ffai's home; SmolVLM's int8 decode step), which round
+    otherwise than its eager ones; float32 never compiles."""
 
     dtype: str = "float32"
     device: str = "auto"
     threads: int | None = None
+    compile: bool = False
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -141,6 +144,8 @@ class RuntimeOptions:
             raise UsageError(f"--device must be one of {', '.join(DEVICES)}")
         if self.threads is not None and self.threads < 1:
             raise UsageError("--threads must be at least 1")
+        if self.compile and self.dtype == "float32":
+            raise UsageError("--compile is for the opt-in dtypes (--dtype int8): float32 runs its exact eager path")
 
 
 @dataclass(frozen=True)

@@ -54,6 +54,7 @@ SETTING_FLAGS = {
     "frame_max_pixels": "--frame-max-pixels",
     "dtype": "--dtype",
     "device": "--device",
+    "compile": "--compile",
     "format": "the track format (-f or -o's extension)",
 }
 
@@ -109,6 +110,8 @@ def settings(options: CaptionOptions, model: ResolvedModel, fmt: str) -> dict[st
         "seed": d.seed,
         "dtype": options.runtime.dtype,
         "device": options.runtime.device,
+        # A compiled step rounds otherwise; named only when on, so earlier runs' records still match.
+        **({"compile": True} if options.runtime.compile else {}),
         "format": fmt,
         **given,
     }

@@ -383,6 +383,23 @@ def test_checkpoint_key_follows_the_writer_kind_seed_and_dtype(tmp_path, monkeyp
     assert checkpoints.checkpoint_key("tiny") != key
 
 
+def test_compile_reaches_ffais_arm_and_its_precision_run(tiny_checkpoint, tmp_path, monkeypatch):
+    """``--compile`` is an opt-in dtype's: float32 refuses it; it reaches the arm's and the
+    precision run's command lines, and the untimed first load loads and returns, untimed."""
+    from ffai.bench import arms
+
+    with pytest.raises(UsageError, match="--compile"):
+        BenchOptions(compile=True)
+    assert BenchOptions(dtype="int8", compile=True).compile
+    cmd = arms.command("ffai", arms.LOAD, tiny_checkpoint, dtype="int8", cores=1, compile=True)
+    assert cmd[3:5] == ["ffai", arms.LOAD] and cmd[-1] == "--compile"
+    assert "--compile" not in arms.command("ffai", "frame", tiny_checkpoint, dtype="int8", cores=1)
+    assert agreement.command("frame", tiny_checkpoint, dtype="int8", cores=1, compile=True)[-1] == "--compile"
+    monkeypatch.setenv("FFAI_HOME", str(tmp_path))
+    result = arms.run("ffai", arms.LOAD, tiny_checkpoint, dtype="int8", cores=1, compile=True)
+    assert result["load_s"] > 0 and "time_s" not in result and result["dtype"] == "int8"
+
+
 def test_an_engine_without_bench_hooks_is_one_line_error():
     class Bare:
         info = EngineInfo("bare", "vlm", "experimental", "no hooks", "bare-model")

@@ -115,6 +115,7 @@ def test_version():
         (["--top-k", "5", "--temperature", "0.5"], "--seed"),
         (["--max-new-tokens", "0"], "--max-new-tokens"),
         (["--dtype", "float64"], "--dtype"),
+        (["--compile"], "--compile is for the opt-in dtypes"),  # float32 runs its exact eager path
         (["-y", "-n"], "-y"),
         (["--placement", "gpu"], "--placement must be one of auto, inline, workers"),
         (["--max-frames", "-3"], "--max-frames must be at least 1"),

@@ -130,6 +130,18 @@ def test_still_equals_reference(capsys, qwen3vl_tiny, still):
     assert out.strip() == expected.strip() and expected.strip()
 
 
+def test_compile_asked_of_qwen3vl_is_one_warning_and_the_same_answer(capsys, qwen3vl_tiny, still):
+    """The engine compiles nothing: ``--compile`` says so once and the int8 answer is the eager one."""
+    args = ["--model", str(qwen3vl_tiny), "-i", str(still), "--max-new-tokens", str(TOKENS), "--dtype", "int8"]
+    code, eager, err = caption(capsys, *args)
+    assert code == 0, err
+    code, compiled, err = caption(capsys, *args, "--compile")
+    assert code == 0 and compiled == eager and eager.strip()
+    assert [line for line in err.splitlines() if "--compile" in line] == [
+        "ffai: warning: --compile: the qwen3-vl engine compiles nothing; it runs uncompiled"
+    ], err
+
+
 @pytest.mark.parametrize("frames", [1, 2, 3, 5, 8])
 def test_a_frame_budget_bounds_each_frame(qwen3vl_tiny, frames):
     """The frame budgets are each frame's, whatever the window's frame count: a large frame

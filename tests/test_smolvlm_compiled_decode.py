@@ -5,7 +5,8 @@ near ties); a fresh load reads the AOTInductor package from
 disk (no compile note, no file added to the cache folder) and serves a longer cache with it; a
 cache folder that cannot be written, or a package that cannot be read, leaves the eager step with
 one warning; the cache's key is the weights' sha256 (a hub blob's name, else the file hashed once
-and recorded); loading attaches the step only where FFAI_COMPILE_DECODE=1 asks.
+and recorded); loading attaches the step only where ``--compile`` (``RuntimeOptions.compile``) asks,
+and says so where the dtype has none.
 
 The compile is paid once, by a module fixture, with inductor compiling in this process: its
 worker processes cost more to start than the tiny graph costs to compile.
@@ -25,6 +26,7 @@ import torch
 
 from ffai import messages
 from ffai.engine import DecodingOptions, RuntimeOptions
+from ffai.errors import UsageError
 from ffai_smolvlm import compiled_decode
 from ffai_smolvlm.generate import decode_one_token, generate, prefill
 from ffai_smolvlm.loading import load_weights
@@ -158,9 +160,19 @@ def test_a_cache_that_cannot_be_written_leaves_the_eager_step(tiny_checkpoint, t
 
 
 @pytest.mark.parametrize("dtype", ["float32", "int8", "bfloat16"])
-@pytest.mark.parametrize("asked", ["1", "0"])
+@pytest.mark.parametrize("asked", [True, False])
 def test_loading_attaches_the_step_only_where_asked(tiny_checkpoint, monkeypatch, tmp_path, dtype, asked):
-    monkeypatch.setenv(compiled_decode.ENV, asked)
+    if asked and dtype == "float32":
+        with pytest.raises(UsageError, match="--compile is for the opt-in dtypes"):
+            RuntimeOptions(dtype=dtype, compile=True)
+        return
     monkeypatch.setenv("FFAI_HOME", str(tmp_path))  # the tiny plan's int8 layers are bfloat16: nothing compiles
-    net = load_weights(tiny_checkpoint, RuntimeOptions(dtype=dtype, device="cpu"), parts=("text",))
-    assert (net.text.compiled_decode is not None) is (asked == "1" and dtype == "int8")
+    with messages.collect() as said:
+        net = load_weights(tiny_checkpoint, RuntimeOptions(dtype=dtype, device="cpu", compile=asked), parts=("text",))
+    assert (net.text.compiled_decode is not None) is (asked and dtype == "int8")
+    # Asked for, a step that cannot be had is one warning: bfloat16 has none, the tiny plan's
+    # wide int8 layers are not what the step compiles.
+    assert [m.level for m in said] == (["warning"] if asked else [])
+    if asked:
+        assert "uncompiled" in said[0].text and ("no compiled decode step" in said[0].text) is (dtype == "bfloat16")
+    assert not any((tmp_path / "compiled").glob("smolvlm-decode-*"))

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+from ffai import messages
 from ffai.engine import Answer, DecodingOptions, Request, RuntimeOptions
 from ffai.errors import UsageError
 from ffai.tokenizing import generate_streamed
@@ -131,6 +132,8 @@ def load(model_dir: Path, runtime: RuntimeOptions, part: str):
         device = "cuda" if torch.cuda.is_available() else "cpu"
     elif device == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda: no CUDA device is available")
+    if runtime.compile and part == "text":
+        messages.warn("--compile: the qwen3-vl engine compiles nothing; it runs uncompiled")
     return load_model(model_dir, runtime.dtype, parts=(part,)).to(device)
 
 

@@ -1,4 +1,4 @@
-"""int8's decode step as one AOTInductor program (opt-in: ``FFAI_COMPILE_DECODE=1``), compiled
+"""int8's decode step as one AOTInductor program (opt-in: ``--compile``, ``RuntimeOptions.compile``), compiled
 once per machine into a package under ffai's home and loaded from it by later processes.
 
 :class:`FrozenStep` is the whole step for one token: every decoder layer as :func:`layer_step`
@@ -51,16 +51,10 @@ from ffai.verification import sha256_file
 
 from .text import DecoderLayer, KVCache, TextModel, apply_rope
 
-# Set to 1 to compile int8's decode step (docs/precision-and-speed.md, "Compiled decode").
-ENV = "FFAI_COMPILE_DECODE"
-DTYPES = ("int8",)
+DTYPES = ("int8",)  # the dtypes with a compiled step (docs/precision-and-speed.md, "Compiled decode")
 PACKAGE = "decode.pt2"
 HASHES = "sha256.json"  # ffai home's record of local weight files' sha256, by their inode and times
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-
-
-def enabled(dtype: str) -> bool:
-    return dtype in DTYPES and os.environ.get(ENV, "") == "1"
 
 
 def layer_step(layer: nn.Module, x, pos, cos, sin, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
@@ -382,6 +376,9 @@ def _first_line(e: Exception) -> str:
 
 def attach(text: TextModel, weights: list[Path], dtype: str) -> None:
     """Give ``text`` the compiled decode step for ``dtype``, loaded now (compiled first, once per
-    machine), so the compile's note comes before any output."""
+    machine), so the compile's note comes before any output; a dtype without one is warned of."""
+    if dtype not in DTYPES:
+        messages.warn(f"--compile: {dtype} has no compiled decode step (int8 has); it runs uncompiled")
+        return
     text.compiled_decode = CompiledDecode(text, cache_dir(weights, dtype), dtype)
     text.compiled_decode.prepare()

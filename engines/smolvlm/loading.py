@@ -21,6 +21,6 @@ def load_weights(model_dir: Path, runtime: RuntimeOptions, parts: tuple[str, ...
     plan = plan_precision(runtime.dtype, runtime.device)
     with host.heap_for_loading() if plan.staged else nullcontext():
         model = load_model(model_dir, plan, parts=parts)
-    if model.text is not None and compiled_decode.enabled(plan.dtype):
+    if model.text is not None and runtime.compile:
         compiled_decode.attach(model.text, weight_files(model_dir), plan.dtype)
     return model

@@ -110,8 +110,10 @@ def run(
     dtype: str,
     cores: int | None = None,
     clip: Path | None = None,
+    compile: bool = False,
 ) -> dict:
-    """The case's items in ``dtype`` (timed per token) and, unless float32, in float32 too."""
+    """The case's items in ``dtype`` (timed per token; ``compile``: with its compiled parts) and,
+    unless float32, in float32 too."""
     from ffai import registry
     from ffai.bench.hooks import hooks_for
     from ffai.captioning import available_cores
@@ -120,7 +122,7 @@ def run(
 
     found = registry.get_engine(engine)
     probes = hooks_for(found)
-    runtime = RuntimeOptions(dtype=dtype, device="cpu")
+    runtime = RuntimeOptions(dtype=dtype, device="cpu", compile=compile)
     threads = text_threads(found, model_dir, runtime, cores or available_cores())
     set_threads(threads)
     bytes_per_s = bandwidth()
@@ -166,11 +168,18 @@ def run(
 
 
 def command(
-    case: str, model_dir: Path, *, engine: str | None = None, dtype: str, cores: int, clip: Path | None = None
+    case: str,
+    model_dir: Path,
+    *,
+    engine: str | None = None,
+    dtype: str,
+    cores: int,
+    clip: Path | None = None,
+    compile: bool = False,
 ) -> list[str]:
     """The command line that runs ``run(...)`` in a fresh Python process."""
     cmd = [sys.executable, "-m", "ffai.bench.agreement", case, "--model", str(model_dir), "--dtype", dtype]
-    cmd += ["--cores", str(cores)]
+    cmd += ["--cores", str(cores)] + (["--compile"] if compile else [])
     if engine is not None:
         cmd += ["--engine", engine]
     if clip is not None:
@@ -186,9 +195,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="float32", choices=DTYPES)
     parser.add_argument("--cores", type=int, help="cores the timed arms use (default: this process's)")
     parser.add_argument("--clip", type=Path)
+    parser.add_argument("--compile", action="store_true", help="the dtype with its compiled parts")
     args = parser.parse_args(argv)
     return print_result(
-        lambda: run(args.case, args.model, engine=args.engine, dtype=args.dtype, cores=args.cores, clip=args.clip)
+        lambda: run(
+            args.case,
+            args.model,
+            engine=args.engine,
+            dtype=args.dtype,
+            cores=args.cores,
+            clip=args.clip,
+            compile=args.compile,
+        )
     )
 
 

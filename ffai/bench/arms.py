@@ -35,15 +35,18 @@ from ffai.errors import FfaiError
 
 ARMS = ("ffai", "reference")
 QUALITY = "quality"  # the case name of the quality run
+LOAD = "load"  # the case name of a load alone (untimed: fills the machine's caches of compiled parts)
 
 
 class FfaiArm:
     name = "ffai"
 
-    def __init__(self, model_dir: Path, dtype: str, cores: int, engine: str | None = None) -> None:
+    def __init__(
+        self, model_dir: Path, dtype: str, cores: int, engine: str | None = None, compile: bool = False
+    ) -> None:
         # Placement and threads as `ffai caption` chooses them for a video run on these cores;
         # the pipeline sets the thread counts, as it does for `ffai caption`.
-        runtime = RuntimeOptions(dtype=dtype, device="cpu")
+        runtime = RuntimeOptions(dtype=dtype, device="cpu", compile=compile)
         options = CaptionOptions(
             engine=engine,
             model=str(model_dir),
@@ -107,10 +110,10 @@ def run_quality(arm, corpus: Path | None, n: int) -> dict:
     return {"time_s": time.perf_counter() - start, "correct": correct, "total": len(items), "answers": texts}
 
 
-def make_arm(arm_name: str, model_dir: Path, dtype: str, cores: int, engine: str | None = None):
+def make_arm(arm_name: str, model_dir: Path, dtype: str, cores: int, engine: str | None = None, compile: bool = False):
     """The arm called ``arm_name``: ffai's, or the reference the engine's bench hooks give."""
     if arm_name == "ffai":
-        return FfaiArm(model_dir, dtype, cores, engine)
+        return FfaiArm(model_dir, dtype, cores, engine, compile)
     from ffai.bench.hooks import hooks_for
 
     return hooks_for(engine).reference(model_dir, cores)
@@ -127,14 +130,21 @@ def run(
     clip: Path | None = None,
     corpus: Path | None = None,
     quality_n: int = cases.DEMO_N,
+    compile: bool = False,
 ) -> dict:
-    """One arm on one case in this process; the result the parent reads as JSON."""
-    arm = make_arm(arm_name, model_dir, dtype, cores or available_cores(), engine)
+    """One arm on one case in this process; the result the parent reads as JSON. The case
+    ``LOAD`` only loads: what a first load builds for this machine (``--compile``) is built then."""
+    arm = make_arm(arm_name, model_dir, dtype, cores or available_cores(), engine, compile)
     start = time.perf_counter()
     try:
         arm.load()
         load_s = time.perf_counter() - start
-        result = run_quality(arm, corpus, quality_n) if case == QUALITY else run_case(arm, case, clip)
+        if case == LOAD:
+            result = {}
+        elif case == QUALITY:
+            result = run_quality(arm, corpus, quality_n)
+        else:
+            result = run_case(arm, case, clip)
         info = arm.info()
     finally:
         arm.close()
@@ -159,6 +169,7 @@ def command(
     clip: Path | None = None,
     corpus: Path | None = None,
     quality_n: int = cases.DEMO_N,
+    compile: bool = False,
 ) -> list[str]:
     """The command line that runs ``run(...)`` in a fresh Python process."""
     cmd = [
@@ -182,6 +193,8 @@ def command(
         cmd += ["--clip", str(clip)]
     if corpus is not None:
         cmd += ["--corpus", str(corpus)]
+    if compile:
+        cmd.append("--compile")
     return cmd
 
 
@@ -200,7 +213,7 @@ def print_result(compute) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ffai.bench.arms", description=__doc__.splitlines()[0])
     parser.add_argument("arm", choices=ARMS)
-    parser.add_argument("case", choices=(*cases.CASES, QUALITY))
+    parser.add_argument("case", choices=(*cases.CASES, QUALITY, LOAD))
     parser.add_argument("--model", type=Path, required=True)
     parser.add_argument("--engine", help="the engine (default: the default engine)")
     parser.add_argument("--dtype", default="float32", choices=DTYPES)
@@ -208,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clip", type=Path)
     parser.add_argument("--corpus", type=Path)
     parser.add_argument("--quality-n", type=int, default=cases.DEMO_N)
+    parser.add_argument("--compile", action="store_true", help="ffai's opt-in dtype with its compiled parts")
     args = parser.parse_args(argv)
     return print_result(
         lambda: run(
@@ -220,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
             clip=args.clip,
             corpus=args.corpus,
             quality_n=args.quality_n,
+            compile=args.compile,
         )
     )
 
