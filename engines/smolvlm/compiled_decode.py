@@ -209,12 +209,16 @@ class FrozenStep(nn.Module):
         return x if self.lm_head is None else self.lm_head.forward(x)[:, -1]
 
 
-def supported(text: TextModel) -> bool:
-    """Whether the plan's text linears are int8 by row with bfloat16 rows (native bfloat16): the
-    plans the step's agreement was measured on. Other CPUs keep the eager step."""
-    linears = [m for m in text.modules() if isinstance(m, (RowScaledLinear, QuantizedLinear, PackedBf16Linear))]
-    rows = [m for m in linears if isinstance(m, RowScaledLinear)]
-    return bool(rows) and all(m.rows_dtype == torch.bfloat16 for m in rows)
+def unsupported(text: TextModel) -> str | None:
+    """Why the step is not compiled for ``text``, or None where it is: the plan's text linears
+    must be int8 by row with bfloat16 rows (native bfloat16), the plans the step's agreement was
+    measured on; others keep the eager step."""
+    rows = [m for m in text.modules() if isinstance(m, RowScaledLinear)]
+    if not rows:  # a small model: every text layer among the first four, held wider
+        return f"this model's {len(text.layers)} text layers all stay wider than int8, so nothing is compiled"
+    if not all(m.rows_dtype == torch.bfloat16 for m in rows):
+        return "this CPU has no native bfloat16, and its int8 plan multiplies rows otherwise than the compiled step"
+    return None
 
 
 def weight_sha256(path: Path) -> str:
@@ -304,8 +308,9 @@ class CompiledDecode:
             return not self.failed
         # torch's C++ builder warns on stderr, outside ffai's messages, that it found no CUDA runtime.
         logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
-        if not supported(self.text):
-            return self._fail(f"this CPU's {self.dtype} plan multiplies rows otherwise than the compiled step")
+        why = unsupported(self.text)
+        if why is not None:
+            return self._fail(why)
         package = self.folder / PACKAGE
         step = FrozenStep(self.text, self.head, self.kernel).eval()
         if not package.is_file():
