@@ -128,6 +128,8 @@ def test_ffai_engines_reports_the_plans_kernels():
         assert ("bfloat16" in int8[0]["kernel"]) is native and "int8" not in int8[0]["kernel"].split(",")[0]
         assert ("oneDNN" in int8[1]["kernel"]) is bool(flags & kernels.ONEDNN_INT8_FLAGS), text
         assert ("(AMX)" in int8[1]["kernel"]) is ("amx_int8" in flags), text
+        # --compile's step exists where the plan multiplies bfloat16 rows (compiled_decode.unsupported)
+        assert (int8[-1]["layers"] == "decode step, with --compile") is native, text
         assert all(
             ("7-bit" in g["kernel"]) is not bool(flags & kernels.INT8_FULL_RANGE_FLAGS)
             for g in int8
