@@ -59,14 +59,13 @@ import typer
 
 from ffai.bench import cases as inputs
 from ffai.bench import checkpoints, gates, ledger
-from ffai.engine import DTYPES
+from ffai.engine import RuntimeOptions
 from ffai.errors import EngineError, UsageError
 
 bench_app = typer.Typer(help="Benchmark ffai against a reference implementation.", no_args_is_help=True)
 
 MIB = 2**20
 QUALITY = "quality"  # the arms' name for the quality run (ffai.bench.arms.QUALITY)
-LOAD = "load"  # the arms' name for a load alone (ffai.bench.arms.LOAD)
 
 
 @dataclass(frozen=True)
@@ -91,14 +90,11 @@ class BenchOptions:
             raise UsageError(f"--cases: unknown case {unknown[0]!r} (known: {', '.join(inputs.CASES)})")
         if len(set(self.cases)) != len(self.cases):
             raise UsageError("--cases: a case is named twice")
-        if self.dtype not in DTYPES:
-            raise UsageError(f"--dtype must be one of {', '.join(DTYPES)}")
+        RuntimeOptions(dtype=self.dtype, compile=self.compile)  # its own checks of --dtype and --compile
         if self.quality_n < 1:
             raise UsageError("--quality-n must be at least 1")
         if self.cores is not None and self.cores < 1:
             raise UsageError("--cores must be at least 1")
-        if self.compile and self.dtype == "float32":
-            raise UsageError("--compile is for the opt-in dtypes (--dtype int8): float32 runs its exact eager path")
         if self.quality_corpus is not None and not (self.quality_corpus / inputs.CORPUS_QUESTIONS).is_file():
             raise UsageError(f"--quality-corpus {self.quality_corpus}: no {inputs.CORPUS_QUESTIONS} in this folder")
 
@@ -169,6 +165,8 @@ def run_bench(options: BenchOptions, log: Callable[[str], None] = lambda message
     if options.compile:
         # What --compile builds is built once per machine, by the first load: here, untimed and
         # outside the arms' peak RSS, as a user pays it once before the runs that follow.
+        from ffai.bench.arms import LOAD
+
         first_load = run_arm("ffai", LOAD, model_dir, options, cores)
         log(f"ffai's first load, untimed (its compiled parts built or read): {first_load['wall_s']:.1f} s")
     with tempfile.TemporaryDirectory(prefix="ffai-bench-") as tmp:
