@@ -26,6 +26,8 @@ from ffai.window_source import InOrder, answered_cue
 from ffai.windows import Window, check_window
 
 PLACEMENTS = ("auto", "inline", "workers")
+START_TIMEOUT_S = 60.0  # how long a pipeline worker may take to load and report ready
+COMPILE_START_TIMEOUT_S = 900.0  # the same where its load may compile (--compile, once per machine)
 
 
 @dataclass(frozen=True)
@@ -197,7 +199,12 @@ class Captioner:
         if self._pipe is None:
             if video is not None:
                 self.placement = placement(self.options.placement, cores=self.cores, video=video)
-            pipe = Coordinator(self.config, placement=self.placement, max_in_flight=self.options.max_in_flight)
+            # A worker's first --compile load builds the engine's compiled parts: a minute or more
+            # on a few busy cores, past the usual wait for a worker to report ready.
+            wait = COMPILE_START_TIMEOUT_S if self.options.runtime.compile else START_TIMEOUT_S
+            pipe = Coordinator(
+                self.config, placement=self.placement, max_in_flight=self.options.max_in_flight, start_timeout=wait
+            )
             self._pipe = pipe.start()
         return self
 
