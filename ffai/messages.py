@@ -67,6 +67,11 @@ def error(text: str) -> None:
     _logger.error("%s", text)
 
 
+def say_again(levelno: int, text: str) -> None:
+    """A message another process said (a pipeline worker's), said here at its level."""
+    _logger.log(levelno, "%s", text)
+
+
 def listen(handler: logging.Handler) -> None:
     """Hand every message, notes included, to ``handler`` too; once, however often called."""
     if handler not in _logger.handlers:

@@ -47,9 +47,10 @@ from concurrent.futures import Future
 from functools import partial
 from typing import Any, Callable, Hashable, Iterable, Iterator
 
+from ffai import messages
 from ffai.pipeline.config import PipelineConfig
 from ffai.pipeline.errors import PipelineError, RequestAborted, StageError, WorkerDied
-from ffai.pipeline.messages import ERROR, NEW_REQUEST, RESULT, STATS, STREAM, Message
+from ffai.pipeline.messages import ERROR, NEW_REQUEST, RESULT, SAY, STATS, STREAM, Message
 from ffai.pipeline.runner import InlineRunner, ProcessRunner
 
 log = logging.getLogger(__name__)
@@ -369,6 +370,8 @@ class Coordinator:
                 request.on_chunk(msg.data)
         elif msg.kind == STATS:
             self._on_stats(msg)
+        elif msg.kind == SAY:  # a worker's message, said in this process
+            messages.say_again(*msg.data)
 
     def _on_error(self, msg: Message) -> None:
         request = self._requests.get(msg.request_id)

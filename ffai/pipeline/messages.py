@@ -13,7 +13,8 @@ and ``error`` (``data`` is an :class:`ErrorInfo`). A stage forwards these with `
 set to its own name.
 
 Worker bookkeeping (to the coordinator only): ``ready``, ``failed`` (``data`` is the
-traceback text) and ``stats``.
+traceback text), ``stats`` and ``say`` (``data`` is the (logging level, text) of a message the
+worker said through ``ffai.messages``, which the coordinator's process says again).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ ERROR = "error"
 READY = "ready"
 FAILED = "failed"
 STATS = "stats"
+SAY = "say"
 
 # The reserved target name for the coordinator: a terminal stage's result and the stream
 # chunks of a stage without ``stream_to`` go there.

@@ -24,11 +24,12 @@ import time
 import traceback
 from typing import Any
 
+from ffai import messages
 from ffai.errors import FfaiError
 from ffai.host import set_threads
 from ffai.pipeline.config import PipelineConfig
 from ffai.pipeline.errors import PipelineStartError
-from ffai.pipeline.messages import FAILED, READY, Message
+from ffai.pipeline.messages import FAILED, READY, SAY, Message
 from ffai.pipeline.worker import (
     ABORT_ALL,
     STATS_REQUEST,
@@ -103,6 +104,8 @@ class ProcessRunner:
             waiting.discard(msg.source)
         elif msg.kind == FAILED:
             raise start_failure(msg)
+        elif msg.kind == SAY:  # said while loading (a compile's note, say)
+            messages.say_again(*msg.data)
 
     def _raise_dead_at_start(self, w: str) -> None:
         msg = self._results.get(timeout=_FAILED_REPORT_GRACE_S)

@@ -25,12 +25,13 @@ import traceback
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, Callable
 
+from ffai import messages
 from ffai.errors import FfaiError
 from ffai.host import release_free_heap, set_threads
 from ffai.pipeline.compute import ComputeThread
 from ffai.pipeline.config import PipelineConfig, ProcessConfig, StageConfig, resolve
 from ffai.pipeline.errors import ConfigError
-from ffai.pipeline.messages import ABORT, CALLER, FAILED, READY, STATS, Message
+from ffai.pipeline.messages import ABORT, CALLER, FAILED, READY, SAY, STATS, Message
 from ffai.pipeline.scheduler import Scheduler, SimpleScheduler, with_emitter
 from ffai.pipeline.stage import Stage
 
@@ -198,6 +199,19 @@ class WorkerHost:
             self._send_to_stage(target, msg)
 
 
+class _SayToCaller(logging.Handler):
+    """What the worker's stages say through ``ffai.messages`` (notes too), sent to the
+    coordinator, whose process says it again: else a note is lost and a warning reaches stderr
+    bare, through logging's last resort."""
+
+    def __init__(self, out: Channel, name: str) -> None:
+        super().__init__(messages.NOTE)
+        self.out, self.name = out, name
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.out.put(Message(SAY, None, (record.levelno, record.getMessage()), self.name))
+
+
 def worker_main(
     name: str,
     config: PipelineConfig,
@@ -221,6 +235,7 @@ def worker_main(
         to_caller=out.put,
         serial=config.process_config(name).serial,
     )
+    messages.listen(_SayToCaller(out, name))
     try:
         process = config.process_config(name)
         if process.threads is not None:

@@ -260,6 +260,25 @@ def test_tensors_cross_processes_through_shared_memory(tmp_path, shm_clean, no_o
                 future.result(timeout=5)
 
 
+@pytest.mark.parametrize("placement", ["workers", "inline"])
+def test_what_a_stage_says_reaches_the_callers_messages(placement, no_orphans) -> None:
+    """Notes and warnings said through ffai.messages in a worker, while loading and per request,
+    are said again in the caller's process, in order, as the inline placement says them."""
+    from ffai import messages
+
+    config = PipelineConfig([StageConfig("talk", toy.ref("talking_factory"), terminal=True)])
+    with messages.collect() as said:
+        with Coordinator(config, placement=placement, start_timeout=RESULT_TIMEOUT) as pipe:
+            pids = list(pipe.worker_pids().values()) or [os.getpid()]  # inline: no workers
+            no_orphans.extend(pipe.worker_pids().values())
+            assert pipe.submit(1, 7).result(RESULT_TIMEOUT) == 7
+            assert wait_until(lambda: len(said) == 3, RESULT_TIMEOUT)
+    assert len(pids) == 1 and (pids[0] != os.getpid()) is (placement == "workers")
+    assert [m.level for m in said] == ["note", "warning", "warning"]
+    assert said[0].text == f"loading in {pids[0]}"
+    assert [m.text for m in said[1:]] == ["a fallback while loading", "request 7"]
+
+
 def test_a_worker_ffai_error_travels_as_itself(shm_clean, no_orphans) -> None:
     from ffai.errors import ModelError
 

@@ -238,6 +238,20 @@ def tensor_config() -> PipelineConfig:
     )
 
 
+def talking_factory():
+    """A stage that says a note and a warning as it loads, and a warning per request."""
+    from ffai import messages
+
+    messages.note(f"loading in {os.getpid()}")
+    messages.warn("a fallback while loading")
+
+    def talk(payload: Any) -> Any:
+        messages.warn(f"request {payload}")
+        return payload
+
+    return talk
+
+
 def model_error_factory() -> None:
     from ffai.errors import ModelError
 
