@@ -36,6 +36,7 @@ import os
 import re
 import shutil
 import tempfile
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -350,6 +351,7 @@ class CompiledDecode:
         text = self.text
         x = torch.zeros(1, 1, text.cfg.hidden_size, dtype=text.norm.weight.dtype)
         cos, sin = text._rope_rows(0, 1, x)
+        _thread_lock_for_progress_bars()
         work = Path(tempfile.mkdtemp(dir=self.folder, prefix=".build-"))
         saved = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(work / "inductor")  # read at each use
@@ -373,6 +375,17 @@ class CompiledDecode:
         messages.warn(f"{why}; the {self.dtype} decode step runs uncompiled")
         self.failed = True
         return False
+
+
+def _thread_lock_for_progress_bars() -> None:
+    """The compile shows tqdm bars (torch.fx's interpreter); tqdm's default lock holds a
+    multiprocessing semaphore, which a pipeline worker, ending by os._exit, leaves for the
+    resource tracker to warn of at exit. One process's bars need only a thread lock."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return
+    tqdm.set_lock(threading.RLock())
 
 
 def _first_line(e: Exception) -> str:
