@@ -26,8 +26,7 @@ from ffai.window_source import InOrder, answered_cue
 from ffai.windows import Window, check_window
 
 PLACEMENTS = ("auto", "inline", "workers")
-START_TIMEOUT_S = 60.0  # how long a pipeline worker may take to load and report ready
-COMPILE_START_TIMEOUT_S = 900.0  # the same where its load may compile (--compile, once per machine)
+COMPILE_START_TIMEOUT_S = 900.0  # how long a worker may take to report ready where its load may compile
 
 
 @dataclass(frozen=True)
@@ -200,11 +199,9 @@ class Captioner:
             if video is not None:
                 self.placement = placement(self.options.placement, cores=self.cores, video=video)
             # A worker's first --compile load builds the engine's compiled parts: a minute or more
-            # on a few busy cores, past the usual wait for a worker to report ready.
-            wait = COMPILE_START_TIMEOUT_S if self.options.runtime.compile else START_TIMEOUT_S
-            pipe = Coordinator(
-                self.config, placement=self.placement, max_in_flight=self.options.max_in_flight, start_timeout=wait
-            )
+            # on a few busy cores, past the coordinator's usual wait for a worker to report ready.
+            wait = {"start_timeout": COMPILE_START_TIMEOUT_S} if self.options.runtime.compile else {}
+            pipe = Coordinator(self.config, placement=self.placement, max_in_flight=self.options.max_in_flight, **wait)
             self._pipe = pipe.start()
         return self
 
