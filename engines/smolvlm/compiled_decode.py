@@ -14,7 +14,9 @@ quantised to 8 bits by its own range (:func:`int8_row_fbgemm`, an op of this eng
 library, since export cannot trace into fbgemm's packed matrix), the model's int8 weight packed
 for it at load; that ran the step 1.3x faster than ``torch._weight_int8pack_mm`` with a
 bfloat16 row, eager's one-row kernel, at the cost of the packed copies' memory. oneDNN's packed
-bfloat16 layers (the plan's wide first layers) run on their unpacked bfloat16 weight. The step
+bfloat16 layers (the plan's wide first layers) become float32 sums of their unpacked bfloat16
+weight times the float32 row, one loop inductor writes: a bfloat16 ``mm`` repacked the weight at
+every call and took 2.8x the time, and rounded the row and the sums to bfloat16. The step
 is built only where the plan's text linears are int8 by row with bfloat16 rows (CPUs with native
 bfloat16: the one kind measured). The package holds no weights
 (``package_constants_in_so=False``): after loading, the step's tensors are handed to it
@@ -109,7 +111,7 @@ class FrozenLinear(nn.Module):
     (``RowScaledLinear``'s own tensors, or fbgemm's unpacked: the same symmetric int8) times a row
     by fbgemm's kernel (``kernel="fbgemm"``, its packed copy made here) or as a bfloat16 row by
     ``torch._weight_int8pack_mm`` (``"int8pack"``, as ``RowScaledLinear`` multiplies one row);
-    bfloat16 (oneDNN's packed weight, unpacked)."""
+    bfloat16 (oneDNN's packed weight, unpacked) times the float32 row, summed in float32."""
 
     def __init__(self, linear: nn.Module, kernel: str = "int8pack") -> None:
         super().__init__()
@@ -153,8 +155,8 @@ class FrozenLinear(nn.Module):
             y = y * self.scale
         elif self.kind == "int8":
             y = torch._weight_int8pack_mm(rows.to(torch.bfloat16), self.weight, self.unit).float() * self.scale
-        else:
-            y = F.linear(rows.to(torch.bfloat16), self.weight).float()
+        else:  # each output a float32 sum of bfloat16 weights times the float32 row, fused into one loop
+            y = (rows[:, None, :] * self.weight).sum(-1)
         if self.bias is not None:
             y = y + self.bias
         return y.view(*x.shape[:-1], y.shape[-1])
@@ -260,8 +262,9 @@ def _replace_text(path: Path, text: str) -> None:
 
 
 def cache_dir(weights: list[Path], dtype: str) -> Path:
-    """The folder for one checkpoint's compiled step in ``dtype`` on this machine and torch."""
-    identity: list = [dtype, torch.__version__, sorted(host.cpu_info().flags)]
+    """The folder for one checkpoint's compiled step in ``dtype`` on this machine and torch, at
+    torch's thread count: inductor writes it into the package's loops (one thread: none parallel)."""
+    identity: list = [dtype, torch.__version__, sorted(host.cpu_info().flags), torch.get_num_threads()]
     identity.append(hashlib.sha256(Path(__file__).read_bytes()).hexdigest())  # the step's code
     identity += [weight_sha256(path) for path in weights]
     key = hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:16]
