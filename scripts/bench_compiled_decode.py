@@ -14,7 +14,8 @@ weights and the cache's filled prefix) at the bandwidth ``--bandwidth`` (GB/s) g
 kernel for a row, the LM head inside). Levers measured beside it: ``-eagerhead`` (the LM head
 eager's), ``-mlp`` (fbgemm for the MLPs only, ``torch._weight_int8pack_mm`` for the rest),
 ``-int8pack`` (``torch._weight_int8pack_mm`` with a bfloat16 row for every linear, the LM head
-eager's, unless ``-head`` too), e.g. ``int8+compile-int8pack-head``. Each is compiled into a temporary FFAI_HOME unless FFAI_HOME is set, before
+eager's, unless ``-head`` too), ``-sums`` (every int8 linear as float32 sums of its int8 weight
+times the float32 row, in inductor's loops: no packed copy, no 8-bit row), e.g. ``int8+compile-int8pack-head``. Each is compiled into a temporary FFAI_HOME unless FFAI_HOME is set, before
 the timed steps, then loaded again as a new process would: both times are printed. Tokens of each
 compiled arm are compared with its eager arm's and with float32's (greedy, same prompt).
 ``--rss ARM`` instead runs that one arm alone for ``--tokens`` steps (its package compiled
@@ -103,8 +104,8 @@ def run(args, threads: int) -> int:
                 dtype, variant = arm.split("+")[0], arm.split("+")[1].removeprefix("compile")
                 parts = variant.split("-")  # compile[-int8pack|-mlp][-head|-eagerhead]
                 kernel = "int8pack" if "int8pack" in parts else "fbgemm-mlp" if "mlp" in parts else "fbgemm"
-                kernel = "fbgemm-wide" if "wide" in parts else kernel
-                head = "head" in parts or (kernel in ("fbgemm", "fbgemm-wide") and "eagerhead" not in parts)
+                kernel = "fbgemm-wide" if "wide" in parts else "sums" if "sums" in parts else kernel
+                head = "head" in parts or (kernel in compiled_decode.WHOLE_STEP_KERNELS and "eagerhead" not in parts)
                 folder = compiled_decode.cache_dir(weight_files(path), dtype)
                 folder = folder.with_name(folder.name + variant)
                 begin = time.perf_counter()

@@ -1,7 +1,8 @@
 """int8's compiled decode step (engines/smolvlm/compiled_decode.py) on the tiny checkpoint: its
 logits agree with the eager step's, fed the same tokens, above the int8 gate with the issue's
 margin (it multiplies rows by fbgemm's int8 kernel, eager by bfloat16 rows, so tokens may part at
-near ties); a fresh load reads the AOTInductor package from
+near ties), and so does the module it is compiled from, run eagerly with a wide bfloat16 layer
+(the real plan's first four); a fresh load reads the AOTInductor package from
 disk (no compile note, no file added to the cache folder) and serves a longer cache with it; a
 cache folder that cannot be written, or a package that cannot be read, leaves the eager step with
 one warning; the cache's key is the weights' sha256 (a hub blob's name, else the file hashed once
@@ -30,7 +31,7 @@ from ffai.errors import UsageError
 from ffai_smolvlm import compiled_decode
 from ffai_smolvlm.generate import decode_one_token, generate, prefill
 from ffai_smolvlm.loading import load_weights
-from ffai_smolvlm.precision import INT8, INT8_BY_ROW, plan_precision
+from ffai_smolvlm.precision import BF16_ONEDNN, INT8, INT8_BY_ROW, onednn_bf16, plan_precision
 from ffai_smolvlm.weights import load_model, weight_files
 
 pytestmark = [
@@ -44,8 +45,11 @@ GREEDY = DecodingOptions(max_new_tokens=12, force_new_tokens=True)
 COSINE = 0.996  # the int8 gate's 0.995 with the issue's margin
 
 
-def load(path: Path, *, compiled: bool):
-    plan = dataclasses.replace(plan_precision("int8", "cpu"), linears=((r"text\.lm_head$", INT8), (r".", INT8_BY_ROW)))
+def load(path: Path, *, compiled: bool, wide: bool = False):
+    linears = ((r"text\.lm_head$", INT8), (r".", INT8_BY_ROW))
+    if wide:  # the first layer wider, as the real plan's first four
+        linears = ((r"text\.layers\.0\.", BF16_ONEDNN), *linears)
+    plan = dataclasses.replace(plan_precision("int8", "cpu"), linears=linears)
     net = load_model(path, plan, parts=("text",))
     if compiled:
         compiled_decode.attach(net.text, weight_files(path), "int8")
@@ -95,6 +99,30 @@ def test_compiled_step_agrees_with_the_eager_step(compiled_home, tiny_checkpoint
     assert min(cosines) >= COSINE, cosines
     assert any(not torch.equal(a, b) for a, b in zip(compiled, eager))  # the package ran, not eager
     assert len(set(eager_tokens)) > 1  # not one token repeated: the steps differ
+
+
+@pytest.mark.skipif(not onednn_bf16(), reason="the wide layers are bfloat16 where oneDNN has native bfloat16")
+@pytest.mark.parametrize("kernel", ["fbgemm", "sums"])
+def test_the_steps_module_agrees_with_the_eager_step_over_a_wide_layer(tiny_checkpoint, kernel):
+    # The module the package is compiled from, run eagerly (no compile): its forms of the wide
+    # bfloat16 layer (float32 sums) and of the int8 ones (``kernel``) against eager's layers.
+    net = load(tiny_checkpoint, compiled=False, wide=True)
+    (ids,) = tokens(tiny_checkpoint, GREEDY, compiled=False)
+    eager = fed(net, ids)
+    step = compiled_decode.FrozenStep(net.text, head=True, kernel=kernel).eval()
+    assert {m.kind for m in step.modules() if isinstance(m, compiled_decode.FrozenLinear)} == {"bf16", kernel}
+    cache = net.text.new_cache(1, len(PROMPT) + len(ids))
+    with torch.inference_mode():
+        prefill(net, net.embed(torch.tensor([PROMPT]), None), cache)
+        framed = []
+        for i, t in enumerate(ids):
+            pos = len(PROMPT) + i
+            x = net.text.embed_tokens(torch.tensor([[t]]))
+            cos, sin = net.text._rope_rows(pos, pos + 1, x)
+            framed.append(step(x, torch.tensor([pos]), cos, sin, list(cache.k), list(cache.v)).float())
+    cosines = [float(torch.nn.functional.cosine_similarity(a, b, dim=-1)) for a, b in zip(framed, eager)]
+    assert min(cosines) >= COSINE, cosines
+    assert any(not torch.equal(a, b) for a, b in zip(framed, eager))
 
 
 @pytest.mark.slow

@@ -110,8 +110,10 @@ class FrozenLinear(nn.Module):
     """One linear of the step, its weights buffers the package takes as constants: int8 by row
     (``RowScaledLinear``'s own tensors, or fbgemm's unpacked: the same symmetric int8) times a row
     by fbgemm's kernel (``kernel="fbgemm"``, its packed copy made here) or as a bfloat16 row by
-    ``torch._weight_int8pack_mm`` (``"int8pack"``, as ``RowScaledLinear`` multiplies one row);
-    bfloat16 (oneDNN's packed weight, unpacked) times the float32 row, summed in float32."""
+    ``torch._weight_int8pack_mm`` (``"int8pack"``, as ``RowScaledLinear`` multiplies one row) or
+    as float32 sums of the int8 weight times the float32 row (``"sums"``: a bench lever, no
+    packed copy and no 8-bit row); bfloat16 (oneDNN's packed weight, unpacked) times the float32
+    row, summed in float32."""
 
     def __init__(self, linear: nn.Module, kernel: str = "int8pack") -> None:
         super().__init__()
@@ -144,6 +146,8 @@ class FrozenLinear(nn.Module):
             self.register_buffer("packed", fbgemm_pack(self.weight))
             self.register_buffer("offsets", self.weight.sum(1, dtype=torch.int32))
             self.register_buffer("zero", torch.zeros(self.weight.shape[0]))
+        elif self.kind == "int8" and kernel == "sums":
+            self.kind = "sums"
         elif self.kind == "int8":
             self.register_buffer("unit", torch.ones(self.weight.shape[0], dtype=torch.bfloat16))
         self.register_buffer("bias", None if bias is None else bias.detach().float())
@@ -155,6 +159,8 @@ class FrozenLinear(nn.Module):
             y = y * self.scale
         elif self.kind == "int8":
             y = torch._weight_int8pack_mm(rows.to(torch.bfloat16), self.weight, self.unit).float() * self.scale
+        elif self.kind == "sums":
+            y = (rows[:, None, :] * self.weight).sum(-1) * self.scale
         else:  # each output a float32 sum of bfloat16 weights times the float32 row, fused into one loop
             y = (rows[:, None, :] * self.weight).sum(-1)
         if self.bias is not None:
@@ -162,10 +168,14 @@ class FrozenLinear(nn.Module):
         return y.view(*x.shape[:-1], y.shape[-1])
 
 
+# The kernels every int8 linear of the step takes, the LM head's too; the others are the MLPs' alone.
+WHOLE_STEP_KERNELS = ("fbgemm", "fbgemm-wide", "sums")
+
+
 class _FrozenMLP(nn.Module):
     def __init__(self, mlp, kernel: str) -> None:
         super().__init__()
-        kernel = kernel if kernel in ("fbgemm", "fbgemm-wide") else "fbgemm" if kernel == "fbgemm-mlp" else "int8pack"
+        kernel = kernel if kernel in WHOLE_STEP_KERNELS else "fbgemm" if kernel == "fbgemm-mlp" else "int8pack"
         self.gate_up, self.down_proj = FrozenLinear(mlp.gate_up, kernel), FrozenLinear(mlp.down_proj, kernel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -177,7 +187,7 @@ class _FrozenAttention(nn.Module):
     def __init__(self, attn, kernel: str) -> None:
         super().__init__()
         self.n_heads, self.n_kv, self.head_dim = attn.n_heads, attn.n_kv, attn.head_dim
-        kernel = kernel if kernel in ("fbgemm", "fbgemm-wide") else "int8pack"
+        kernel = kernel if kernel in WHOLE_STEP_KERNELS else "int8pack"
         self.qkv, self.o_proj = FrozenLinear(attn.qkv, kernel), FrozenLinear(attn.o_proj, kernel)
 
 
@@ -200,9 +210,7 @@ class FrozenStep(nn.Module):
         self.layers = nn.ModuleList(_FrozenLayer(layer, kernel) for layer in text.layers)
         self.norm = text.norm
         self.lm_head = (
-            FrozenLinear(text.lm_head, "fbgemm" if kernel in ("fbgemm", "fbgemm-wide") else "int8pack")
-            if head
-            else None
+            FrozenLinear(text.lm_head, kernel if kernel in WHOLE_STEP_KERNELS else "int8pack") if head else None
         )
 
     def forward(self, x, pos, cos, sin, ks: list[torch.Tensor], vs: list[torch.Tensor]) -> torch.Tensor:
@@ -289,7 +297,8 @@ class CompiledDecode:
         self.text, self.folder, self.dtype = text, folder, dtype
         # What ships is the default; the others are levers the bench measures beside it: the LM head
         # eager's, the int8 linears' one-row kernel int8pack (all) or fbgemm-mlp (the MLPs only), or
-        # fbgemm-wide (the wide bfloat16 layers int8 too, for a row).
+        # fbgemm-wide (the wide bfloat16 layers int8 too, for a row), or sums (inductor's loops over the
+        # int8 weights, no packed copies).
         self.head, self.kernel = head, kernel
         self.runner = None
         self.failed = False
