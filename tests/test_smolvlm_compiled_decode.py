@@ -114,15 +114,15 @@ def test_the_steps_module_agrees_with_the_eager_step_over_a_wide_layer(tiny_chec
     cache = net.text.new_cache(1, len(PROMPT) + len(ids))
     with torch.inference_mode():
         prefill(net, net.embed(torch.tensor([PROMPT]), None), cache)
-        framed = []
+        stepped = []
         for i, t in enumerate(ids):
             pos = len(PROMPT) + i
             x = net.text.embed_tokens(torch.tensor([[t]]))
             cos, sin = net.text._rope_rows(pos, pos + 1, x)
-            framed.append(step(x, torch.tensor([pos]), cos, sin, list(cache.k), list(cache.v)).float())
-    cosines = [float(torch.nn.functional.cosine_similarity(a, b, dim=-1)) for a, b in zip(framed, eager)]
+            stepped.append(step(x, torch.tensor([pos]), cos, sin, list(cache.k), list(cache.v)).float())
+    cosines = [float(torch.nn.functional.cosine_similarity(a, b, dim=-1)) for a, b in zip(stepped, eager)]
     assert min(cosines) >= COSINE, cosines
-    assert any(not torch.equal(a, b) for a, b in zip(framed, eager))
+    assert any(not torch.equal(a, b) for a, b in zip(stepped, eager))
 
 
 @pytest.mark.slow
