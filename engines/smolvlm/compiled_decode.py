@@ -16,7 +16,7 @@ for it at load; that ran the step 1.3x faster than ``torch._weight_int8pack_mm``
 bfloat16 row, eager's one-row kernel, at the cost of the packed copies' memory. oneDNN's packed
 bfloat16 layers (the plan's wide first layers) become float32 sums of their unpacked bfloat16
 weight times the float32 row, one loop inductor writes: a bfloat16 ``mm`` repacked the weight at
-every call and took 2.8x the time, and rounded the row and the sums to bfloat16. The step
+every call, and rounded the row and the sums to bfloat16 (docs/benchmarks.md). The step
 is built only where the plan's text linears are int8 by row with bfloat16 rows (CPUs with native
 bfloat16: the one kind measured). The package holds no weights
 (``package_constants_in_so=False``): after loading, the step's tensors are handed to it
