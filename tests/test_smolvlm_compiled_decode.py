@@ -101,6 +101,25 @@ def test_compiled_step_agrees_with_the_eager_step(compiled_home, tiny_checkpoint
     assert len(set(eager_tokens)) > 1  # not one token repeated: the steps differ
 
 
+@pytest.mark.slow
+def test_the_compiled_step_reads_only_the_caches_filled_prefix(compiled_home):
+    """A cache reused from a longer request holds stale keys and values after the prefix: here
+    NaN, which any product with them (a masked score's zero weight too) would carry to the logits."""
+    _, net, greedy, _ = compiled_home
+    clean, stale = net.text.new_cache(1, 256), net.text.new_cache(1, 256)
+    for tensor in (*stale.k, *stale.v):
+        tensor.fill_(float("nan"))
+    steps = []
+    with torch.inference_mode():
+        for cache in (clean, stale):
+            prefill(net, net.embed(torch.tensor([PROMPT]), None), cache)
+            positions = [torch.tensor([len(PROMPT) + i]) for i in range(4)]
+            steps.append([decode_one_token(net, torch.tensor([t]), p, cache) for t, p in zip(greedy, positions)])
+    assert net.text.compiled_decode.runner is not None
+    for a, b in zip(*steps):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.skipif(not onednn_bf16(), reason="the wide layers are bfloat16 where oneDNN has native bfloat16")
 @pytest.mark.parametrize("kernel", ["fbgemm", "sums"])
 def test_the_steps_module_agrees_with_the_eager_step_over_a_wide_layer(tiny_checkpoint, kernel):

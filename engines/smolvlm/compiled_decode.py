@@ -2,8 +2,8 @@
 once per machine into a package under ffai's home and loaded from it by later processes.
 
 :class:`FrozenStep` is the whole step for one token: every decoder layer as :func:`layer_step`
-(gpt-fast's form: the layer's whole cache with the positions after ``pos`` masked, the position a
-tensor, the key and value written into the caches in place), the final norm and the LM head. It
+(the position a tensor, the key and value written into the caches in place, attention over the
+caches' filled prefix, whose length the program reads from the position), the final norm and the LM head. It
 is exported with the caches' length dynamic, so one program serves every step and every cache
 size, and compiled by ``torch._inductor.aoti_compile_and_package``: inductor's C++ wrapper calls
 the kernels with no Python between them, and fuses the norms, RoPE and residual additions, which
@@ -60,10 +60,10 @@ HASHES = "sha256.json"  # ffai home's record of local weight files' sha256, by t
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
-def layer_step(layer: nn.Module, x, pos, cos, sin, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+def layer_step(layer: nn.Module, x, pos, end, cos, sin, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
     """``layer`` on the (1, 1, D) hidden state of the token at ``pos`` ((1,) long): its key and
-    value written into the caches at ``pos``, attention over the filled prefix. ``cos``/``sin``
-    are the RoPE rows at ``pos`` ((1, hd) each)."""
+    value written into the caches at ``pos``, attention over the filled prefix, the ``end`` =
+    pos + 1 positions. ``cos``/``sin`` are the RoPE rows at ``pos`` ((1, hd) each)."""
     attn, mlp = layer.self_attn, layer.mlp
     h, kv, hd = attn.n_heads, attn.n_kv, attn.head_dim
     qkv = attn.qkv.forward(layer.input_layernorm.forward(x)).view(1, 1, h + 2 * kv, hd)
@@ -71,8 +71,9 @@ def layer_step(layer: nn.Module, x, pos, cos, sin, k_cache: torch.Tensor, v_cach
     v = qkv[:, :, h + kv :].transpose(1, 2)  # (1, Hkv, 1, hd)
     k_cache.index_copy_(2, pos, k)
     v_cache.index_copy_(2, pos, v)
-    mask = (torch.arange(k_cache.shape[2], device=x.device) <= pos)[None, :]  # (1, L): the filled prefix
-    y = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask, scale=hd**-0.5, enable_gqa=h != kv)
+    # The prefix alone, not the whole cache masked: a cache is rounded up to 256 positions.
+    keys, values = k_cache[:, :, :end], v_cache[:, :, :end]
+    y = F.scaled_dot_product_attention(q, keys, values, scale=hd**-0.5, enable_gqa=h != kv)
     x = x + attn.o_proj.forward(y.transpose(1, 2).reshape(1, 1, h * hd))
     return x + mlp.forward(layer.post_attention_layernorm.forward(x))
 
@@ -214,8 +215,11 @@ class FrozenStep(nn.Module):
         )
 
     def forward(self, x, pos, cos, sin, ks: list[torch.Tensor], vs: list[torch.Tensor]) -> torch.Tensor:
+        end = pos[0].item() + 1  # exported as a size the caches bound
+        torch._check(end >= 1)
+        torch._check(end <= ks[0].shape[2])
         for layer, k, v in zip(self.layers, ks, vs):
-            x = layer_step(layer, x, pos, cos, sin, k, v)
+            x = layer_step(layer, x, pos, end, cos, sin, k, v)
         x = self.norm.forward(x)
         return x if self.lm_head is None else self.lm_head.forward(x)[:, -1]
 
