@@ -585,6 +585,7 @@ class MuxWriter:
             except FileNotFoundError:
                 pass
             self._temp = None
+        self._sink.discard_temp()  # one created before create_temp returned its name (a Ctrl-C)
 
     def __enter__(self) -> MuxWriter:
         return self

@@ -406,19 +406,24 @@ class _FileSink:
         self._overwrite = overwrite
         self._owned = False  # True once our file is the target: later renames replace it
         self._file: IO[bytes] | None = None
+        # The temporary file created and not yet placed or removed, named before it exists: a
+        # Ctrl-C can land between any two steps, and close() then still knows what to remove.
+        self._temp: str | None = None
 
     def publish(self, text: str, keep_open: bool) -> None:
         """Make ``text`` the whole target; keep it open for appends when asked."""
-        fd, temp = self._create_temp()
-        file = os.fdopen(fd, "wb", buffering=0)
+        file = None
         try:
+            fd, temp = self._create_temp()
+            file = os.fdopen(fd, "wb", buffering=0)
             _write_all(file, text.encode("utf-8"))
             os.fsync(file.fileno())
             self._place(temp)
         except BaseException as e:
-            file.close()
-            _remove_quietly(temp)
-            if isinstance(e, OSError):
+            if file is not None:
+                file.close()
+            self.discard_temp()
+            if isinstance(e, OSError) and not isinstance(e, OutputError):
                 raise OutputError(f"{self.path}: {e.strerror or e}") from e
             raise
         if keep_open:
@@ -440,6 +445,13 @@ class _FileSink:
         if self._file is not None:
             file, self._file = self._file, None
             file.close()
+        self.discard_temp()
+
+    def discard_temp(self) -> None:
+        """Remove the temporary file not placed yet, if there is one."""
+        if self._temp is not None:
+            _remove_quietly(self._temp)
+            self._temp = None
 
     def create_temp(self) -> str:
         """A new empty temporary file beside the target, for a writer that fills it by name
@@ -454,6 +466,7 @@ class _FileSink:
             self._place(temp)
         except BaseException as e:
             _remove_quietly(temp)
+            self._temp = None
             if isinstance(e, OSError):
                 raise OutputError(f"{self.path}: {e.strerror or e}") from e
             raise
@@ -462,12 +475,15 @@ class _FileSink:
         folder, name = os.path.split(self._target)
         for _ in range(16):
             temp = os.path.join(folder, f".{name}.{secrets.token_hex(4)}.part")
+            self._temp = temp
             try:
                 # 0o666 under the umask: the published file gets the usual permissions
                 return os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), temp
             except FileExistsError:
+                self._temp = None  # another's file
                 continue
             except OSError as e:
+                self._temp = None
                 raise OutputError(f"{self.path}: {e.strerror or e}") from e
         raise OutputError(f"{self.path}: cannot create a temporary file in {folder}")
 
@@ -477,6 +493,7 @@ class _FileSink:
         else:
             self._place_new(temp)
         self._owned = True
+        self._temp = None
 
     def _place_new(self, temp: str) -> None:
         """Rename without clobbering: a hard link fails if the target appeared meanwhile."""

@@ -295,6 +295,35 @@ def test_abort_after_cues_keeps_them(tmp_path, fmt):
     assert leftovers(tmp_path) == []
 
 
+@pytest.mark.parametrize("fmt, finished", [("srt", 0), ("html", 1)])
+@pytest.mark.parametrize("at", ["open", "fdopen"])
+def test_ctrl_c_as_the_temporary_file_is_made_leaves_none(tmp_path, monkeypatch, fmt, finished, at):
+    """SIGINT raises KeyboardInterrupt between any two steps, also just after the temporary file
+    exists: before its name is returned (``open``) or before it is wrapped (``fdopen``). srt
+    publishes at its first cue (then appends), html at every cue."""
+    out = tmp_path / f"track.{fmt}"
+    real = getattr(os, at)
+
+    def interrupted(*args, **kwargs):
+        result = real(*args, **kwargs)
+        if at == "fdopen" or str(args[0]).endswith(".part"):
+            raise KeyboardInterrupt
+        return result
+
+    with pytest.raises(KeyboardInterrupt):
+        with open_track(str(out), fmt, HEADER, overwrite=False) as writer:
+            for cue in CUES[:finished]:
+                writer.write(cue)
+            monkeypatch.setattr(os, at, interrupted)
+            writer.write(CUES[finished])
+    monkeypatch.undo()
+    assert leftovers(tmp_path) == []
+    if finished:
+        assert parse(fmt, out.read_text(encoding="utf-8")) == expected(fmt, CUES[:finished])
+    else:
+        assert not out.exists()
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_target_appearing_after_open_is_not_clobbered(tmp_path, fmt):
     out = tmp_path / f"track.{fmt}"
