@@ -579,13 +579,9 @@ class MuxWriter:
                     item.close()
             except Exception:
                 pass  # the error that brought us here is the one to report
-        if self._temp is not None:
-            try:
-                os.unlink(self._temp)
-            except FileNotFoundError:
-                pass
-            self._temp = None
-        self._sink.discard_temp()  # one created before create_temp returned its name (a Ctrl-C)
+        # The sink knows its unplaced file, also one a Ctrl-C left before create_temp returned its name.
+        self._sink.discard_temp()
+        self._temp = None
 
     def __enter__(self) -> MuxWriter:
         return self

@@ -423,7 +423,7 @@ class _FileSink:
             if file is not None:
                 file.close()
             self.discard_temp()
-            if isinstance(e, OSError) and not isinstance(e, OutputError):
+            if isinstance(e, OSError):
                 raise OutputError(f"{self.path}: {e.strerror or e}") from e
             raise
         if keep_open:

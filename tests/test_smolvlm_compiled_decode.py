@@ -63,9 +63,10 @@ def tokens(path: Path, *options: DecodingOptions, compiled: bool) -> list[list[i
         return [generate(net, PROMPT, None, o, stop_ids=[]) for o in options]
 
 
-def fed(net, ids: list[int]) -> list[torch.Tensor]:
-    """The logits of each decode step of ``net`` after PROMPT's prefill, fed ``ids`` in turn."""
-    cache = net.text.new_cache(1, len(PROMPT) + len(ids))
+def fed(net, ids: list[int], cache=None) -> list[torch.Tensor]:
+    """The logits of each decode step of ``net`` after PROMPT's prefill, fed ``ids`` in turn, in
+    ``cache`` (default: a new one just long enough)."""
+    cache = net.text.new_cache(1, len(PROMPT) + len(ids)) if cache is None else cache
     with torch.inference_mode():
         prefill(net, net.embed(torch.tensor([PROMPT]), None), cache)
         return [
@@ -109,12 +110,7 @@ def test_the_compiled_step_reads_only_the_caches_filled_prefix(compiled_home):
     clean, stale = net.text.new_cache(1, 256), net.text.new_cache(1, 256)
     for tensor in (*stale.k, *stale.v):
         tensor.fill_(float("nan"))
-    steps = []
-    with torch.inference_mode():
-        for cache in (clean, stale):
-            prefill(net, net.embed(torch.tensor([PROMPT]), None), cache)
-            positions = [torch.tensor([len(PROMPT) + i]) for i in range(4)]
-            steps.append([decode_one_token(net, torch.tensor([t]), p, cache) for t, p in zip(greedy, positions)])
+    steps = [fed(net, greedy[:4], cache) for cache in (clean, stale)]
     assert net.text.compiled_decode.runner is not None
     for a, b in zip(*steps):
         assert torch.equal(a, b)
