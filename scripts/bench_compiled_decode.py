@@ -10,13 +10,16 @@ Each arm loads the text tower in its dtype and decodes from its own cache after 
 the machine falls on all arms alike. The floor is the bytes a step must read (the text tower's
 weights and the cache's filled prefix) at the bandwidth ``--bandwidth`` (GB/s) gives.
 
-``+compile`` is the shipped step (``CompiledDecode``: the AOTInductor package, fbgemm's int8
-kernel for a row, the LM head inside). Levers measured beside it: ``-eagerhead`` (the LM head
-eager's), ``-mlp`` (fbgemm for the MLPs only, ``torch._weight_int8pack_mm`` for the rest),
-``-int8pack`` (``torch._weight_int8pack_mm`` with a bfloat16 row for every linear, the LM head
-eager's, unless ``-head`` too), ``-sums`` (every int8 linear as float32 sums of its int8 weight
-times the float32 row, in inductor's loops: no packed copy, no 8-bit row), e.g. ``int8+compile-int8pack-head``. Each is compiled into a temporary FFAI_HOME unless FFAI_HOME is set, before
-the timed steps, then loaded again as a new process would: both times are printed. Tokens of each
+``+compile`` is the shipped step (``CompiledDecode``: the AOTInductor package, the LM head
+inside, its int8 linears by the kernel ``kernels.compiled_row_kernel`` picks for the thread
+count). Levers measured beside it: ``-sums`` (every int8 linear as float32 sums of its int8
+weight times the float32 row, in inductor's loops: no packed copy, no 8-bit row; what two threads
+or more ship), ``-fbgemm`` (fbgemm's int8 kernel on a row quantised to 8 bits: what one thread
+ships), ``-eagerhead`` (the LM head eager's), ``-mlp`` (fbgemm for the MLPs only,
+``torch._weight_int8pack_mm`` for the rest), ``-int8pack`` (``torch._weight_int8pack_mm`` with a
+bfloat16 row for every linear, the LM head eager's, unless ``-head`` too), ``-wide`` (the wide
+bfloat16 layers int8 too), e.g. ``int8+compile-int8pack-head``. Each is compiled into a
+temporary FFAI_HOME unless FFAI_HOME is set, before the timed steps, then loaded again as a new process would: both times are printed. Tokens of each
 compiled arm are compared with its eager arm's and with float32's (greedy, same prompt).
 ``--rss ARM`` instead runs that one arm alone for ``--tokens`` steps (its package compiled
 beforehand in another process) and prints the peak RSS after the load and after decoding;
@@ -102,10 +105,12 @@ def run(args, threads: int) -> int:
         for arm in arms:
             if "+compile" in arm:  # compiled here, before the timed steps, then loaded as a new process would
                 dtype, variant = arm.split("+")[0], arm.split("+")[1].removeprefix("compile")
-                parts = variant.split("-")  # compile[-int8pack|-mlp][-head|-eagerhead]
-                kernel = "int8pack" if "int8pack" in parts else "fbgemm-mlp" if "mlp" in parts else "fbgemm"
+                parts = variant.split("-")  # compile[-fbgemm|-sums|-int8pack|-mlp|-wide][-head|-eagerhead]
+                kernel = "int8pack" if "int8pack" in parts else "fbgemm-mlp" if "mlp" in parts else None
                 kernel = "fbgemm-wide" if "wide" in parts else "sums" if "sums" in parts else kernel
-                head = "head" in parts or (kernel in compiled_decode.WHOLE_STEP_KERNELS and "eagerhead" not in parts)
+                kernel = "fbgemm" if "fbgemm" in parts else kernel  # None: the thread count's, as ffai's
+                whole = kernel is None or kernel in compiled_decode.WHOLE_STEP_KERNELS
+                head = "head" in parts or (whole and "eagerhead" not in parts)
                 folder = compiled_decode.cache_dir(weight_files(path), dtype)
                 folder = folder.with_name(folder.name + variant)
                 begin = time.perf_counter()

@@ -1,7 +1,7 @@
 """int8's compiled decode step (engines/smolvlm/compiled_decode.py) on the tiny checkpoint: its
 logits agree with the eager step's, fed the same tokens, above the int8 gate with the issue's
-margin (it multiplies rows by fbgemm's int8 kernel, eager by bfloat16 rows, so tokens may part at
-near ties), and so does the module it is compiled from, run eagerly with a wide bfloat16 layer
+margin (it sums float32 rows, or quantises them to 8 bits for fbgemm's kernel, where eager
+multiplies bfloat16 rows, so tokens may part at near ties), and so does the module it is compiled from, run eagerly with a wide bfloat16 layer
 (the real plan's first four); a fresh load reads the AOTInductor package from
 disk (no compile note, no file added to the cache folder) and serves a longer cache with it; a
 cache folder that cannot be written, or a package that cannot be read, leaves the eager step with
@@ -10,7 +10,10 @@ and recorded); loading attaches the step only where ``--compile`` (``RuntimeOpti
 and says so where the dtype has none.
 
 The compile is paid once, by a module fixture, with inductor compiling in this process: its
-worker processes cost more to start than the tiny graph costs to compile.
+worker processes cost more to start than the tiny graph costs to compile. The module runs at two
+torch threads, so the step compiled is the one a machine of two cores or more runs (its int8 rows
+as inductor's sums); one thread's (fbgemm's kernel) is checked as the module it is compiled from,
+run eagerly, and the choice between them by the thread count.
 
 The tiny tower's two layers are among those the int8 plan keeps wider, so the model here is
 loaded with every text linear int8 by row (the LM head on fbgemm), as the real plan's later layers."""
@@ -35,7 +38,7 @@ from ffai_smolvlm.precision import BF16_ONEDNN, INT8, INT8_BY_ROW, onednn_bf16, 
 from ffai_smolvlm.weights import load_model, weight_files
 
 pytestmark = [
-    pytest.mark.usefixtures("one_torch_thread"),
+    pytest.mark.usefixtures("two_torch_threads"),
     # The module filters it for ffai's processes; pytest resets the filters for each test.
     pytest.mark.filterwarnings(r"ignore:fbgemm_\w+ is deprecated"),
 ]
@@ -43,6 +46,14 @@ pytestmark = [
 PROMPT = [1, 11126, 42, 7, 900, 31, 2000, 5, 77, 12, 300]
 GREEDY = DecodingOptions(max_new_tokens=12, force_new_tokens=True)
 COSINE = 0.996  # the int8 gate's 0.995 with the issue's margin
+
+
+@pytest.fixture(scope="module")
+def two_torch_threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
 
 
 def load(path: Path, *, compiled: bool, wide: bool = False):
@@ -92,7 +103,7 @@ def compiled_home(tmp_path_factory, tiny_checkpoint):
 def test_compiled_step_agrees_with_the_eager_step(compiled_home, tiny_checkpoint):
     home, net, greedy, said = compiled_home
     assert [m.level for m in said] == ["note"] and "compiling the int8 decode step" in said[0].text
-    assert net.text.compiled_decode.runner is not None
+    assert net.text.compiled_decode.runner is not None and net.text.compiled_decode.kernel == "sums"
     (eager_tokens,) = tokens(tiny_checkpoint, GREEDY, compiled=False)
     eager = fed(load(tiny_checkpoint, compiled=False), eager_tokens)
     compiled = fed(net, eager_tokens)
@@ -135,6 +146,16 @@ def test_the_steps_module_agrees_with_the_eager_step_over_a_wide_layer(tiny_chec
     cosines = [float(torch.nn.functional.cosine_similarity(a, b, dim=-1)) for a, b in zip(stepped, eager)]
     assert min(cosines) >= COSINE, cosines
     assert any(not torch.equal(a, b) for a, b in zip(stepped, eager))
+
+
+def test_the_row_kernel_is_chosen_by_the_thread_count(tiny_checkpoint, tmp_path):
+    net = load(tiny_checkpoint, compiled=False)
+    for threads, kernel in ((1, "fbgemm"), (2, "sums"), (4, "sums")):
+        torch.set_num_threads(threads)
+        try:
+            assert compiled_decode.CompiledDecode(net.text, tmp_path, "int8").kernel == kernel
+        finally:
+            torch.set_num_threads(2)
 
 
 @pytest.mark.slow

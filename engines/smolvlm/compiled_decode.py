@@ -1,29 +1,33 @@
-"""int8's decode step as one AOTInductor program (opt-in: ``--compile``, ``RuntimeOptions.compile``), compiled
-once per machine into a package under ffai's home and loaded from it by later processes.
+"""int8's decode step as one AOTInductor program (opt-in: ``--compile``,
+``RuntimeOptions.compile``), compiled once per machine into a package under ffai's home and loaded
+from it by later processes.
 
 :class:`FrozenStep` is the whole step for one token: every decoder layer as :func:`layer_step`
 (the position a tensor, the key and value written into the caches in place, attention over the
-caches' filled prefix, whose length the program reads from the position), the final norm and the LM head. It
-is exported with the caches' length dynamic, so one program serves every step and every cache
-size, and compiled by ``torch._inductor.aoti_compile_and_package``: inductor's C++ wrapper calls
-the kernels with no Python between them, and fuses the norms, RoPE and residual additions, which
-then round a little otherwise than eager's (docs/precision-and-speed.md, "Compiled decode").
+caches' filled prefix in inductor's own loops, the prefix's length read from the position), the
+final norm and the LM head. It is exported with the caches' length dynamic, so one program serves
+every step and every cache size, and compiled by ``torch._inductor.aoti_compile_and_package``:
+inductor's C++ wrapper calls the kernels with no Python between them, and fuses the norms, RoPE
+and residual additions, which then round a little otherwise than eager's
+(docs/precision-and-speed.md, "Compiled decode").
 
-Its int8 linears (:class:`FrozenLinear`) multiply a decode row by fbgemm's int8 kernel, the row
-quantised to 8 bits by its own range (:func:`int8_row_fbgemm`, an op of this engine's torch
-library, since export cannot trace into fbgemm's packed matrix), the model's int8 weight packed
-for it at load; that ran the step 1.3x faster than ``torch._weight_int8pack_mm`` with a
-bfloat16 row, eager's one-row kernel, at the cost of the packed copies' memory. oneDNN's packed
-bfloat16 layers (the plan's wide first layers) become float32 sums of their unpacked bfloat16
-weight times the float32 row, one loop inductor writes: a bfloat16 ``mm`` repacked the weight at
-every call, and rounded the row and the sums to bfloat16 (docs/benchmarks.md). The step
-is built only where the plan's text linears are int8 by row with bfloat16 rows (CPUs with native
-bfloat16: the one kind measured). The package holds no weights
-(``package_constants_in_so=False``): after loading, the step's tensors are handed to it
-(``user_managed``: shared, not copied).
+Its int8 linears (:class:`FrozenLinear`) multiply a decode row by the kernel
+``kernels.compiled_row_kernel`` picks for torch's thread count. At two threads or more, float32
+sums of the int8 weight times the float32 row in inductor's own loops (``"sums"``): no call leaves
+the program, so no thread waits while another runs a call's serial part, no packed copy of the
+weights is made, and the row keeps float32. At one thread, where the step is compute-bound,
+fbgemm's int8 dot products (``"fbgemm"``): the row quantised to 8 bits by its own range
+(:func:`int8_row_fbgemm`, an op of this engine's torch library, since export cannot trace into
+fbgemm's packed matrix), the model's int8 weight packed for it at load. oneDNN's packed bfloat16
+layers (the plan's wide first layers) become float32 sums of their unpacked bfloat16 weight times
+the float32 row, one loop inductor writes: a bfloat16 ``mm`` repacked the weight at every call, and
+rounded the row and the sums to bfloat16 (docs/benchmarks.md). The step is built only where the
+plan's text linears are int8 by row with bfloat16 rows (CPUs with native bfloat16). The package
+holds no weights (``package_constants_in_so=False``): after loading, the step's tensors are handed
+to it (``user_managed``: shared, not copied).
 
 :class:`CompiledDecode` owns the package's folder (:func:`cache_dir`: keyed by the weight files'
-sha256, the dtype, torch's version, the CPU's flags and this module's source), the one-time compile
+sha256, the dtype, torch's version, the CPU's flags, the thread count and this module's source), the one-time compile
 with its progress line, and the fallback: a folder that cannot be written, a package that cannot
 be read, or a compile that fails leaves the eager step with one warning. float32 never comes here:
 its eager path is the exact one.
@@ -52,6 +56,7 @@ from ffai.models import ffai_home
 from ffai.opt_in_linears import PackedBf16Linear, QuantizedLinear, RowScaledLinear, quantize_rows, row_scales
 from ffai.verification import sha256_file
 
+from .kernels import compiled_row_kernel
 from .text import DecoderLayer, KVCache, TextModel, apply_rope
 
 DTYPES = ("int8",)  # the dtypes with a compiled step (docs/precision-and-speed.md, "Compiled decode")
@@ -71,11 +76,23 @@ def layer_step(layer: nn.Module, x, pos, end, cos, sin, k_cache: torch.Tensor, v
     v = qkv[:, :, h + kv :].transpose(1, 2)  # (1, Hkv, 1, hd)
     k_cache.index_copy_(2, pos, k)
     v_cache.index_copy_(2, pos, v)
-    # The prefix alone, not the whole cache masked: a cache is rounded up to 256 positions.
-    keys, values = k_cache[:, :, :end], v_cache[:, :, :end]
-    y = F.scaled_dot_product_attention(q, keys, values, scale=hd**-0.5, enable_gqa=h != kv)
-    x = x + attn.o_proj.forward(y.transpose(1, 2).reshape(1, 1, h * hd))
+    # The prefix alone, not the whole cache masked: a cache is rounded up to 256 positions. The
+    # attention in inductor's loops, each key head read once for its group of query heads: torch's
+    # SDPA for one row ran MKL's generic gemv on AMD CPUs, several times the caches' floor.
+    keys, values = k_cache[0, :, :end], v_cache[0, :, :end]  # (Hkv, end, hd)
+    queries = realized(q.reshape(h, hd)).view(kv, h // kv, 1, hd)  # query head i reads key head i // group
+    scores = (queries * keys[:, None]).sum(-1) * hd**-0.5  # (Hkv, group, end)
+    y = (torch.softmax(scores, dim=-1)[..., None] * values[:, None]).sum(-2)  # (Hkv, group, hd)
+    x = x + attn.o_proj.forward(y.reshape(1, 1, h * hd))
     return x + mlp.forward(layer.post_attention_layernorm.forward(x))
+
+
+def realized(t: torch.Tensor) -> torch.Tensor:
+    """``t`` copied by a scatter, which inductor stores once rather than inlines into its readers:
+    inlined, a norm or RoPE was computed again for every output a reader sums (docs/benchmarks.md)."""
+    flat = t.reshape(-1, t.shape[-1])
+    rows = torch.arange(flat.shape[0], device=flat.device)
+    return flat.new_zeros(flat.shape).index_copy(0, rows, flat).view(t.shape)
 
 
 # fbgemm's int8 kernel for float rows, as an opaque op of this library: torch.export cannot trace
@@ -112,8 +129,8 @@ class FrozenLinear(nn.Module):
     (``RowScaledLinear``'s own tensors, or fbgemm's unpacked: the same symmetric int8) times a row
     by fbgemm's kernel (``kernel="fbgemm"``, its packed copy made here) or as a bfloat16 row by
     ``torch._weight_int8pack_mm`` (``"int8pack"``, as ``RowScaledLinear`` multiplies one row) or
-    as float32 sums of the int8 weight times the float32 row (``"sums"``: a bench lever, no
-    packed copy and no 8-bit row); bfloat16 (oneDNN's packed weight, unpacked) times the float32
+    as float32 sums of the int8 weight times the float32 row (``"sums"``: no packed copy and no
+    8-bit row); bfloat16 (oneDNN's packed weight, unpacked) times the float32
     row, summed in float32."""
 
     def __init__(self, linear: nn.Module, kernel: str = "int8pack") -> None:
@@ -161,9 +178,9 @@ class FrozenLinear(nn.Module):
         elif self.kind == "int8":
             y = torch._weight_int8pack_mm(rows.to(torch.bfloat16), self.weight, self.unit).float() * self.scale
         elif self.kind == "sums":
-            y = (rows[:, None, :] * self.weight).sum(-1) * self.scale
+            y = (realized(rows)[:, None, :] * self.weight).sum(-1) * self.scale
         else:  # each output a float32 sum of bfloat16 weights times the float32 row, fused into one loop
-            y = (rows[:, None, :] * self.weight).sum(-1)
+            y = (realized(rows)[:, None, :] * self.weight).sum(-1)
         if self.bias is not None:
             y = y + self.bias
         return y.view(*x.shape[:-1], y.shape[-1])
@@ -297,13 +314,12 @@ class CompiledDecode:
     there by :meth:`prepare` (or the first call) where no package is. A call returns the logits, or None where there is
     no compiled step (the caller then takes the eager step); the reason is warned once."""
 
-    def __init__(self, text: TextModel, folder: Path, dtype: str, head: bool = True, kernel: str = "fbgemm") -> None:
+    def __init__(self, text: TextModel, folder: Path, dtype: str, head: bool = True, kernel: str | None = None) -> None:
         self.text, self.folder, self.dtype = text, folder, dtype
-        # What ships is the default; the others are levers the bench measures beside it: the LM head
-        # eager's, the int8 linears' one-row kernel int8pack (all) or fbgemm-mlp (the MLPs only), or
-        # fbgemm-wide (the wide bfloat16 layers int8 too, for a row), or sums (inductor's loops over the
-        # int8 weights, no packed copies).
-        self.head, self.kernel = head, kernel
+        # What ships is the default (sums or fbgemm by the thread count); the others are levers the
+        # bench measures beside it: the LM head eager's, the int8 linears' one-row kernel int8pack (all)
+        # or fbgemm-mlp (the MLPs only), or fbgemm-wide (the wide bfloat16 layers int8 too, for a row).
+        self.head, self.kernel = head, kernel or compiled_row_kernel(torch.get_num_threads())
         self.runner = None
         self.failed = False
         self.load_s: float | None = None  # the package's load, for the bench

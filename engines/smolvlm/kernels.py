@@ -86,9 +86,19 @@ class Kernel(NamedTuple):
 
 COMPILED_DECODE = Kernel(
     "decode step, with --compile",
-    "one AOTInductor program, compiled once per machine; a row's text linears on fbgemm's int8 kernel",
-    "no Python between the ops: the step 1.5-2x faster than eager; for video and batches",
+    "one AOTInductor program, compiled once per machine and thread count; a row's text linears as "
+    "inductor's loops over the int8 weights (one thread: fbgemm's int8 kernel)",
+    "no Python between the ops: the step 2-3x faster than eager; for video and batches",
 )
+
+
+def compiled_row_kernel(threads: int) -> str:
+    """The int8 kernel for a decode row in ``--compile``'s step at ``threads`` of torch's threads:
+    fbgemm's int8 dot products at one thread, where the step is compute-bound; at two or more,
+    inductor's own float32 sums over the int8 weights, which keep every call inside the program
+    (an fbgemm call leaves it, and the other threads wait through its serial part) and need no
+    packed copy of the weights. Measured on AMD Zen 4 (docs/benchmarks.md)."""
+    return "fbgemm" if threads <= 1 else "sums"
 
 
 def _int8_kernel(pattern: str, kind: str, flags: frozenset[str], bf16: bool) -> tuple[str, str]:
