@@ -27,10 +27,10 @@ holds no weights (``package_constants_in_so=False``): after loading, the step's 
 to it (``user_managed``: shared, not copied).
 
 :class:`CompiledDecode` owns the package's folder (:func:`cache_dir`: keyed by the weight files'
-sha256, the dtype, torch's version, the CPU's flags, the thread count and this module's source), the one-time compile
-with its progress line, and the fallback: a folder that cannot be written, a package that cannot
-be read, or a compile that fails leaves the eager step with one warning. float32 never comes here:
-its eager path is the exact one.
+sha256, the dtype, torch's version, the CPU's flags, the thread count and this module's source),
+the one-time compile with its progress line, and the fallback: a folder that cannot be written, a
+package that cannot be read, or a compile that fails leaves the eager step with one warning.
+float32 never comes here: its eager path is the exact one.
 """
 
 from __future__ import annotations
@@ -130,8 +130,8 @@ class FrozenLinear(nn.Module):
     by fbgemm's kernel (``kernel="fbgemm"``, its packed copy made here) or as a bfloat16 row by
     ``torch._weight_int8pack_mm`` (``"int8pack"``, as ``RowScaledLinear`` multiplies one row) or
     as float32 sums of the int8 weight times the float32 row (``"sums"``: no packed copy and no
-    8-bit row); bfloat16 (oneDNN's packed weight, unpacked) times the float32
-    row, summed in float32."""
+    8-bit row); bfloat16 (oneDNN's packed weight, unpacked) times the float32 row, summed in
+    float32."""
 
     def __init__(self, linear: nn.Module, kernel: str = "int8pack") -> None:
         super().__init__()
