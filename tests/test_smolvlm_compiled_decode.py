@@ -1,13 +1,13 @@
 """int8's compiled decode step (engines/smolvlm/compiled_decode.py) on the tiny checkpoint: its
 logits agree with the eager step's, fed the same tokens, above the int8 gate with the issue's
 margin (it sums float32 rows, or quantises them to 8 bits for fbgemm's kernel, where eager
-multiplies bfloat16 rows, so tokens may part at near ties), and so does the module it is compiled from, run eagerly with a wide bfloat16 layer
-(the real plan's first four); a fresh load reads the AOTInductor package from
-disk (no compile note, no file added to the cache folder) and serves a longer cache with it; a
-cache folder that cannot be written, or a package that cannot be read, leaves the eager step with
-one warning; the cache's key is the weights' sha256 (a hub blob's name, else the file hashed once
-and recorded); loading attaches the step only where ``--compile`` (``RuntimeOptions.compile``) asks,
-and says so where the dtype has none.
+multiplies bfloat16 rows, so tokens may part at near ties), and so does the module it is
+compiled from, run eagerly with a wide bfloat16 layer (the real plan's first four); a fresh load
+reads the AOTInductor package from disk (no compile note, no file added to the cache folder) and
+serves a longer cache with it; a cache folder that cannot be written, or a package that cannot
+be read, leaves the eager step with one warning; the cache's key is the weights' sha256 (a hub
+blob's name, else the file hashed once and recorded); loading attaches the step only where
+``--compile`` (``RuntimeOptions.compile``) asks, and says so where the dtype has none.
 
 The compile is paid once, by a module fixture, with inductor compiling in this process: its
 worker processes cost more to start than the tiny graph costs to compile. The module runs at two
