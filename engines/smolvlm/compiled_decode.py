@@ -354,7 +354,7 @@ class CompiledDecode:
                 probe.unlink()
             except OSError as e:
                 return self._fail(f"cannot write the compiled decode cache ({e})")
-            messages.note(f"compiling the {self.dtype} decode step for this machine, once (about a minute)")
+            messages.note(f"compiling the {self.dtype} decode step for this machine, once (a minute or two)")
             try:
                 self._compile(step, package)
             except Exception as e:  # noqa: BLE001 - any failure of the compiler leaves the eager step
