@@ -378,7 +378,7 @@ def caption(
         bool,
         typer.Option(
             "--compile",
-            help="With --dtype int8: run the decode step compiled for this machine (once, a minute or two, cached; needs a C++ compiler), about 2x faster a token.",
+            help="With --dtype int8 or bfloat16: run the decode step compiled for this machine (once, a minute or two, cached; needs a C++ compiler), 1.5-2x faster a token.",
         ),
     ] = False,
     placement: Annotated[

@@ -249,8 +249,23 @@ class PackedBf16Linear(nn.Module):
         return y.view(*x.shape[:-1], self.out_features)
 
     def dense_weight(self) -> torch.Tensor:
-        """The weight as a plain (out, in) bfloat16 tensor (a copy, for checks)."""
+        """The weight as a plain (out, in) bfloat16 tensor (a copy where it is reordered)."""
         return self.packed.to_dense()
+
+    def hold_plain(self) -> torch.Tensor:
+        """Hold the weight as a plain (out, in) bfloat16 tensor instead of the reordered copy, and
+        return it: for a holder that reads the plain weight itself (the compiled decode step), so
+        the weight is held once. oneDNN then reorders it at each call (a decode row about twice as
+        slow) and may sum a call's rows in another order (a prefill moves within bfloat16's
+        rounding). :meth:`reorder` undoes it."""
+        if self.packed.is_mkldnn:
+            self.packed = self.packed.to_dense()
+        return self.packed
+
+    def reorder(self) -> None:
+        """Hold the weight reordered for oneDNN again (after :meth:`hold_plain`)."""
+        if not self.packed.is_mkldnn:
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(self.packed, 1)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bfloat16 packed"

@@ -12,8 +12,10 @@ blob's name, else the file hashed once and recorded); loading attaches the step 
 The compile is paid once, by a module fixture, with inductor compiling in this process: its
 worker processes cost more to start than the tiny graph costs to compile. The module runs at two
 torch threads, so the step compiled is the one a machine of two cores or more runs (its int8 rows
-as inductor's sums); one thread's (fbgemm's kernel) is checked as the module it is compiled from,
-run eagerly, and the choice between them by the thread count.
+by the kernel this CPU takes there: inductor's sums, or fbgemm's on AMX); the other kernel is
+checked as the module it is compiled from, run eagerly, and the choice between them by the
+thread count and the CPU. bfloat16's step (its linears float32 sums of the bfloat16 weights,
+which the layers then hold plain, once) is compiled by a test of its own.
 
 The tiny tower's two layers are among those the int8 plan keeps wider, so the model here is
 loaded with every text linear int8 by row (the LM head on fbgemm), as the real plan's later layers."""
@@ -28,13 +30,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from ffai import messages
+from ffai import host, messages
 from ffai.engine import DecodingOptions, RuntimeOptions
 from ffai.errors import UsageError
+from ffai.opt_in_linears import PackedBf16Linear
 from ffai_smolvlm import compiled_decode
 from ffai_smolvlm.generate import decode_one_token, generate, prefill
+from ffai_smolvlm.kernels import compiled_row_kernel
 from ffai_smolvlm.loading import load_weights
-from ffai_smolvlm.precision import BF16_ONEDNN, INT8, INT8_BY_ROW, onednn_bf16, plan_precision
+from ffai_smolvlm.precision import BF16_ONEDNN, FLOAT32, INT8, INT8_BY_ROW, onednn_bf16, plan_precision
 from ffai_smolvlm.weights import load_model, weight_files
 
 pytestmark = [
@@ -103,7 +107,8 @@ def compiled_home(tmp_path_factory, tiny_checkpoint):
 def test_compiled_step_agrees_with_the_eager_step(compiled_home, tiny_checkpoint):
     home, net, greedy, said = compiled_home
     assert [m.level for m in said] == ["note"] and "compiling the int8 decode step" in said[0].text
-    assert net.text.compiled_decode.runner is not None and net.text.compiled_decode.kernel == "sums"
+    assert net.text.compiled_decode.runner is not None
+    assert net.text.compiled_decode.kernel == compiled_row_kernel(2, host.cpu_info().flags)
     (eager_tokens,) = tokens(tiny_checkpoint, GREEDY, compiled=False)
     eager = fed(load(tiny_checkpoint, compiled=False), eager_tokens)
     compiled = fed(net, eager_tokens)
@@ -127,6 +132,61 @@ def test_the_compiled_step_reads_only_the_caches_filled_prefix(compiled_home):
         assert torch.equal(a, b)
 
 
+def load_bf16(path: Path, *, compiled: bool):
+    """bfloat16's plan with the tiny tower's first layer float32 and the rest packed bfloat16, as
+    the real plan's first four and later layers."""
+    linears = ((r"text\.layers\.0\.", FLOAT32), (r".", BF16_ONEDNN))
+    net = load_model(path, dataclasses.replace(plan_precision("bfloat16", "cpu"), linears=linears), parts=("text",))
+    if compiled:
+        compiled_decode.attach(net.text, weight_files(path), "bfloat16")
+    return net
+
+
+@pytest.mark.slow  # a second compile
+@pytest.mark.skipif(not onednn_bf16(), reason="bfloat16's step is compiled where oneDNN has native bfloat16")
+def test_the_bfloat16_step_agrees_and_holds_each_weight_once(tiny_checkpoint, tmp_path, monkeypatch):
+    monkeypatch.setenv("FFAI_HOME", str(tmp_path))
+    with torch._inductor.config.patch(compile_threads=1), messages.collect() as said:
+        net = load_bf16(tiny_checkpoint, compiled=True)
+    assert [m.level for m in said] == ["note"] and "compiling the bfloat16 decode step" in said[0].text
+    step = net.text.compiled_decode
+    assert step.runner is not None
+    kinds = {m.kind for m in step._step.modules() if isinstance(m, compiled_decode.FrozenLinear)}
+    assert kinds == {"float32", "bf16"}
+    packed = [m for m in net.text.modules() if isinstance(m, PackedBf16Linear)]
+    # Each layer holds the plain weight the package reads, not a reordered copy beside it.
+    assert packed and not any(m.packed.is_mkldnn for m in packed)
+    held = {m.weight.data_ptr() for m in step._step.modules() if isinstance(m, compiled_decode.FrozenLinear)}
+    assert {m.packed.data_ptr() for m in packed} <= held
+    eager_net = load_bf16(tiny_checkpoint, compiled=False)
+    with torch.inference_mode():
+        (ids,) = [generate(eager_net, PROMPT, None, GREEDY, stop_ids=[])]
+    eager, compiled = fed(eager_net, ids), fed(net, ids)
+    cosines = [float(torch.nn.functional.cosine_similarity(a, b, dim=-1)) for a, b in zip(compiled, eager)]
+    assert min(cosines) >= 0.9995, cosines  # the bfloat16 gate
+    assert any(not torch.equal(a, b) for a, b in zip(compiled, eager))  # the package ran, not eager
+
+
+@pytest.mark.skipif(not onednn_bf16(), reason="bfloat16's step is compiled where oneDNN has native bfloat16")
+def test_a_bfloat16_step_that_fails_gives_the_layers_their_reordered_weights_back(
+    tiny_checkpoint, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("FFAI_HOME", str(tmp_path))
+    folder = compiled_decode.cache_dir(weight_files(tiny_checkpoint), "bfloat16")
+    folder.mkdir(parents=True)
+    (folder / compiled_decode.PACKAGE).write_bytes(b"not a zip\n")
+    with messages.collect() as said:
+        net = load_bf16(tiny_checkpoint, compiled=True)
+    assert [m.level for m in said] == ["warning"] and "could not load" in said[0].text
+    packed = [m for m in net.text.modules() if isinstance(m, PackedBf16Linear)]
+    assert packed and all(m.packed.is_mkldnn for m in packed)
+    eager_net = load_bf16(tiny_checkpoint, compiled=False)
+    with torch.inference_mode():
+        assert generate(net, PROMPT, None, GREEDY, stop_ids=[]) == generate(
+            eager_net, PROMPT, None, GREEDY, stop_ids=[]
+        )
+
+
 @pytest.mark.skipif(not onednn_bf16(), reason="the wide layers are bfloat16 where oneDNN has native bfloat16")
 @pytest.mark.parametrize("kernel", ["fbgemm", "sums"])
 def test_the_steps_module_agrees_with_the_eager_step_over_a_wide_layer(tiny_checkpoint, kernel):
@@ -148,12 +208,17 @@ def test_the_steps_module_agrees_with_the_eager_step_over_a_wide_layer(tiny_chec
     assert any(not torch.equal(a, b) for a, b in zip(stepped, eager))
 
 
-def test_the_row_kernel_is_chosen_by_the_thread_count(tiny_checkpoint, tmp_path):
+def test_the_row_kernel_is_chosen_by_the_thread_count_and_the_cpu(tiny_checkpoint, tmp_path):
+    zen4 = frozenset({"avx2", "avx512f", "avx512_vnni", "avx512_bf16"})
+    amx = zen4 | {"amx_tile", "amx_int8", "amx_bf16"}
+    assert [compiled_row_kernel(threads, zen4) for threads in (1, 2, 4)] == ["fbgemm", "sums", "sums"]
+    assert [compiled_row_kernel(threads, amx) for threads in (1, 2, 4)] == ["fbgemm", "fbgemm", "fbgemm"]
     net = load(tiny_checkpoint, compiled=False)
-    for threads, kernel in ((1, "fbgemm"), (2, "sums"), (4, "sums")):
+    for threads in (1, 2, 4):
         torch.set_num_threads(threads)
         try:
-            assert compiled_decode.CompiledDecode(net.text, tmp_path, "int8").kernel == kernel
+            kernel = compiled_decode.CompiledDecode(net.text, tmp_path, "int8").kernel
+            assert kernel == compiled_row_kernel(threads, host.cpu_info().flags)
         finally:
             torch.set_num_threads(2)
 
@@ -227,13 +292,13 @@ def test_loading_attaches_the_step_only_where_asked(tiny_checkpoint, monkeypatch
         with pytest.raises(UsageError, match="--compile is for the opt-in dtypes"):
             RuntimeOptions(dtype=dtype, compile=True)
         return
-    monkeypatch.setenv("FFAI_HOME", str(tmp_path))  # the tiny plan's int8 layers are bfloat16: nothing compiles
+    # The tiny plan's two text layers are among the wider first four: nothing compiles.
+    monkeypatch.setenv("FFAI_HOME", str(tmp_path))
     with messages.collect() as said:
         net = load_weights(tiny_checkpoint, RuntimeOptions(dtype=dtype, device="cpu", compile=asked), parts=("text",))
-    assert (net.text.compiled_decode is not None) is (asked and dtype == "int8")
-    # Asked for, a step that cannot be had is one warning: bfloat16 has none, the tiny plan's
-    # wide int8 layers are not what the step compiles.
+    assert (net.text.compiled_decode is not None) is asked
+    # Asked for, a step that cannot be had is one warning.
     assert [m.level for m in said] == (["warning"] if asked else [])
     if asked:
-        assert "uncompiled" in said[0].text and ("no compiled decode step" in said[0].text) is (dtype == "bfloat16")
+        assert "uncompiled" in said[0].text and "nothing is compiled" in said[0].text or not onednn_bf16()
     assert not any((tmp_path / "compiled").glob("smolvlm-decode-*"))

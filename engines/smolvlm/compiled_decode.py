@@ -59,7 +59,7 @@ from ffai.verification import sha256_file
 from .kernels import compiled_row_kernel
 from .text import DecoderLayer, KVCache, TextModel, apply_rope
 
-DTYPES = ("int8",)  # the dtypes with a compiled step (docs/precision-and-speed.md, "Compiled decode")
+DTYPES = ("int8", "bfloat16")  # the dtypes with a compiled step (docs/precision-and-speed.md, "Compiled decode")
 PACKAGE = "decode.pt2"
 HASHES = "sha256.json"  # ffai home's record of local weight files' sha256, by their inode and times
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -155,7 +155,13 @@ class FrozenLinear(nn.Module):
             bias = linear.bias
         elif isinstance(linear, PackedBf16Linear):
             self.kind = "bf16"
-            self.register_buffer("weight", linear.dense_weight().contiguous())
+            # Shared: the layer holds the plain weight from now on, each reordered copy dropped as
+            # its layer is taken, so the tower's weights are never held twice.
+            self.register_buffer("weight", linear.hold_plain())
+            bias = linear.bias
+        elif isinstance(linear, nn.Linear) and linear.weight.dtype == torch.float32:  # bfloat16's wide layers
+            self.kind = "float32"
+            self.register_buffer("weight", linear.weight.detach())
             bias = linear.bias
         else:
             raise TypeError(f"no compiled decode step for a {type(linear).__name__}")
@@ -241,10 +247,16 @@ class FrozenStep(nn.Module):
         return x if self.lm_head is None else self.lm_head.forward(x)[:, -1]
 
 
-def unsupported(text: TextModel) -> str | None:
+def unsupported(text: TextModel, dtype: str = "int8") -> str | None:
     """Why the step is not compiled for ``text``, or None where it is: the plan's text linears
     must be int8 by row with bfloat16 rows (native bfloat16), the plans the step's agreement was
     measured on; others keep the eager step."""
+    if dtype == "bfloat16":  # its later layers' linears oneDNN's packed bfloat16 (native bfloat16)
+        if not any(isinstance(m, PackedBf16Linear) for m in text.modules()):
+            return "this CPU has no native bfloat16, and its bfloat16 plan multiplies otherwise than the compiled step"
+        if not any(isinstance(m, PackedBf16Linear) for m in text.layers.modules()):
+            return f"this model's {len(text.layers)} text layers all stay float32, so nothing is compiled"
+        return None
     rows = [m for m in text.modules() if isinstance(m, RowScaledLinear)]
     if not rows:  # a small model: every text layer among the first four, held wider
         return f"this model's {len(text.layers)} text layers all stay wider than int8, so nothing is compiled"
@@ -319,7 +331,8 @@ class CompiledDecode:
         # What ships is the default (sums or fbgemm by the thread count); the others are levers the
         # bench measures beside it: the LM head eager's, the int8 linears' one-row kernel int8pack (all)
         # or fbgemm-mlp (the MLPs only), or fbgemm-wide (the wide bfloat16 layers int8 too, for a row).
-        self.head, self.kernel = head, kernel or compiled_row_kernel(torch.get_num_threads())
+        self.head = head
+        self.kernel = kernel or compiled_row_kernel(torch.get_num_threads(), host.cpu_info().flags)
         self.runner = None
         self.failed = False
         self.load_s: float | None = None  # the package's load, for the bench
@@ -341,7 +354,7 @@ class CompiledDecode:
             return not self.failed
         # torch's C++ builder warns on stderr, outside ffai's messages, that it found no CUDA runtime.
         logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
-        why = unsupported(self.text)
+        why = unsupported(self.text, self.dtype)
         if why is not None:
             return self._fail(why)
         package = self.folder / PACKAGE
@@ -406,6 +419,9 @@ class CompiledDecode:
         """Warn once and keep to the eager step from now on."""
         messages.warn(f"{why}; the {self.dtype} decode step runs uncompiled")
         self.failed = True
+        for layer in self.text.modules():  # the eager step's one-row products want the reordered weights
+            if isinstance(layer, PackedBf16Linear):
+                layer.reorder()
         return False
 
 

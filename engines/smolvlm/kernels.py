@@ -84,21 +84,38 @@ class Kernel(NamedTuple):
     why: str
 
 
-COMPILED_DECODE = Kernel(
+def compiled_decode_kernel(flags: frozenset[str]) -> Kernel:
+    """What ``--compile`` runs int8's decode step as on a CPU with ``flags`` (at ffai's thread
+    count, its cores): :func:`compiled_row_kernel`'s choice in words."""
+    rows = (
+        "fbgemm's int8 kernel"
+        if compiled_row_kernel(2, flags) == "fbgemm"
+        else "inductor's loops over the int8 weights (one thread: fbgemm's int8 kernel)"
+    )
+    return Kernel(
+        "decode step, with --compile",
+        f"one AOTInductor program, compiled once per machine and thread count; a row's text linears by {rows}",
+        "no Python between the ops: the step 2-3x faster than eager, at llama.cpp Q8_0's speed; for video and batches",
+    )
+
+
+COMPILED_BF16_DECODE = Kernel(
     "decode step, with --compile",
-    "one AOTInductor program, compiled once per machine and thread count; a row's text linears as "
-    "inductor's loops over the int8 weights (one thread: fbgemm's int8 kernel)",
-    "no Python between the ops: the step 2-3x faster than eager; for video and batches",
+    "one AOTInductor program, compiled once per machine and thread count; a row's linears as float32 sums "
+    "of the bfloat16 weights in inductor's loops (the weights held once, plain)",
+    "no Python between the ops: the step about 1.5x faster than eager; for video and batches",
 )
 
 
-def compiled_row_kernel(threads: int) -> str:
-    """The int8 kernel for a decode row in ``--compile``'s step at ``threads`` of torch's threads:
-    fbgemm's int8 dot products at one thread, where the step is compute-bound; at two or more,
-    inductor's own float32 sums over the int8 weights, which keep every call inside the program
-    (an fbgemm call leaves it, and the other threads wait through its serial part) and need no
-    packed copy of the weights. Measured on AMD Zen 4 (docs/benchmarks.md)."""
-    return "fbgemm" if threads <= 1 else "sums"
+def compiled_row_kernel(threads: int, flags: frozenset[str]) -> str:
+    """The int8 kernel for a decode row in ``--compile``'s step at ``threads`` of torch's threads on
+    a CPU with ``flags``: inductor's own float32 sums over the int8 weights (``"sums"``) at two
+    threads or more on CPUs without AMX, where they keep every call inside the program (an fbgemm
+    call leaves it, and the other threads wait through its serial part) and need no packed copy
+    of the weights; fbgemm's int8 dot products elsewhere: at one thread, where the step is
+    compute-bound, and on the AMX Xeons at any count, whose cores ran the sums' loops 1.3x slower
+    than fbgemm at two threads (docs/benchmarks.md: measured on AMD Zen 4 and the AMX Xeon)."""
+    return "sums" if threads > 1 and "amx_int8" not in flags else "fbgemm"
 
 
 def _int8_kernel(pattern: str, kind: str, flags: frozenset[str], bf16: bool) -> tuple[str, str]:
@@ -138,14 +155,15 @@ def report(flags: frozenset[str]) -> dict[str, list[dict[str, str]]]:
     rest = "connector, text tower" if bf16 else "other text linears"
     int8 = [Kernel(LABELS.get(p, rest), *_int8_kernel(p, k, flags, bf16)) for p, k in int8_linears(flags, bf16)]
     if bf16:  # the plans compiled_decode.py compiles: int8 by row with bfloat16 rows
-        int8.append(COMPILED_DECODE)
+        int8.append(compiled_decode_kernel(flags))
         amx = " (AMX)" if "amx_bf16" in flags else ""
         bf = Kernel("other linears", f"bfloat16 on oneDNN{amx}, weight reordered once; {FUSED_GELU}", "native bfloat16")
     else:
         bf = Kernel("other linears", "bfloat16, torch's default", "no native bfloat16: slower than float32 here")
     wide = Kernel("first 4 text layers", "float32, torch's default", "the prefill logits' margin over the gate")
+    bfloat16 = [wide, bf, COMPILED_BF16_DECODE] if bf16 else [wide, bf]
     return {
         "float32": [Kernel("every linear", "float32, torch's default", "the exact path")._asdict()],
         "int8": [k._asdict() for k in int8],
-        "bfloat16": [wide._asdict(), bf._asdict()],
+        "bfloat16": [k._asdict() for k in bfloat16],
     }
