@@ -12,15 +12,18 @@ weights and the cache's filled prefix) at the bandwidth ``--bandwidth`` (GB/s) g
 
 ``+compile`` is the shipped step (``CompiledDecode``: the AOTInductor package, the LM head
 inside, its int8 linears by the kernel ``kernels.compiled_row_kernel`` picks for the thread
-count). Levers measured beside it: ``-sums`` (every int8 linear as float32 sums of its int8
-weight times the float32 row, in inductor's loops: no packed copy, no 8-bit row; what two threads
-or more ship), ``-fbgemm`` (fbgemm's int8 kernel on a row quantised to 8 bits: what one thread
-ships), ``-eagerhead`` (the LM head eager's), ``-mlp`` (fbgemm for the MLPs only,
-``torch._weight_int8pack_mm`` for the rest), ``-int8pack`` (``torch._weight_int8pack_mm`` with a
-bfloat16 row for every linear, the LM head eager's, unless ``-head`` too), ``-wide`` (the wide
-bfloat16 layers int8 too), e.g. ``int8+compile-int8pack-head``. Each is compiled into a
-temporary FFAI_HOME unless FFAI_HOME is set, before the timed steps, then loaded again as a new process would: both times are printed. Tokens of each
-compiled arm are compared with its eager arm's and with float32's (greedy, same prompt).
+count and the CPU; ``bfloat16+compile`` bfloat16's). Levers measured beside it: ``-sums`` (every
+int8 linear as float32 sums of its int8 weight times the float32 row, in inductor's loops: no
+packed copy, no 8-bit row; what two threads or more ship without AMX), ``-fbgemm`` (fbgemm's
+int8 kernel on a row quantised to 8 bits: what one thread and AMX ship), ``-eagerhead`` (the LM
+head eager's), ``-mlp`` (fbgemm for the MLPs only, ``torch._weight_int8pack_mm`` for the rest),
+``-int8pack`` (``torch._weight_int8pack_mm`` with a bfloat16 row for every linear, the LM head
+eager's, unless ``-head`` too), ``-wide`` (the wide bfloat16 layers int8 too), e.g.
+``int8+compile-int8pack-head``. Each is compiled into a temporary FFAI_HOME unless FFAI_HOME is
+set, before the timed steps, then loaded again as a new process would: both times are printed.
+Compiled arms load a model of their own (a compiled bfloat16 step leaves its layers' weights
+plain). Tokens of each compiled arm are compared with its eager arm's and with float32's
+(greedy, same prompt).
 ``--rss ARM`` instead runs that one arm alone for ``--tokens`` steps (its package compiled
 beforehand in another process) and prints the peak RSS after the load and after decoding;
 ``--profile ARM`` the same with torch's profiler, its table of ops by time. The package's own

@@ -1,4 +1,4 @@
-"""int8's decode step as one AOTInductor program (opt-in: ``--compile``,
+"""int8's or bfloat16's decode step as one AOTInductor program (opt-in: ``--compile``,
 ``RuntimeOptions.compile``), compiled once per machine into a package under ffai's home and loaded
 from it by later processes.
 
@@ -12,19 +12,24 @@ and residual additions, which then round a little otherwise than eager's
 (docs/precision-and-speed.md, "Compiled decode").
 
 Its int8 linears (:class:`FrozenLinear`) multiply a decode row by the kernel
-``kernels.compiled_row_kernel`` picks for torch's thread count. At two threads or more, float32
-sums of the int8 weight times the float32 row in inductor's own loops (``"sums"``): no call leaves
-the program, so no thread waits while another runs a call's serial part, no packed copy of the
-weights is made, and the row keeps float32. At one thread, where the step is compute-bound,
-fbgemm's int8 dot products (``"fbgemm"``): the row quantised to 8 bits by its own range
+``kernels.compiled_row_kernel`` picks for torch's thread count and the CPU. At two threads or more
+on CPUs without AMX, float32 sums of the int8 weight times the float32 row in inductor's own loops
+(``"sums"``): no call leaves the program, so no thread waits while another runs a call's serial
+part, no packed copy of the weights is made, and the row keeps float32. At one thread, where the
+step is compute-bound, and on AMX CPUs, whose cores ran those loops slower than fbgemm at any
+count, fbgemm's int8 dot products (``"fbgemm"``): the row quantised to 8 bits by its own range
 (:func:`int8_row_fbgemm`, an op of this engine's torch library, since export cannot trace into
 fbgemm's packed matrix), the model's int8 weight packed for it at load. oneDNN's packed bfloat16
 layers (the plan's wide first layers) become float32 sums of their unpacked bfloat16 weight times
 the float32 row, one loop inductor writes: a bfloat16 ``mm`` repacked the weight at every call, and
-rounded the row and the sums to bfloat16 (docs/benchmarks.md). The step is built only where the
-plan's text linears are int8 by row with bfloat16 rows (CPUs with native bfloat16). The package
-holds no weights (``package_constants_in_so=False``): after loading, the step's tensors are handed
-to it (``user_managed``: shared, not copied).
+rounded the row and the sums to bfloat16 (docs/benchmarks.md). bfloat16's step is the same
+program over its tower: every packed bfloat16 linear so, the first four layers' float32 linears
+as float32 sums. The package cannot read oneDNN's reordered weights, so each of those layers
+then holds the plain weight the package reads (``PackedBf16Linear.hold_plain``), and gets its
+reordered one back where the step fails. The step is built only where the plan's text linears
+are int8 by row with bfloat16 rows, or oneDNN's packed bfloat16 (CPUs with native bfloat16). The
+package holds no weights (``package_constants_in_so=False``): after loading, the step's tensors
+are handed to it (``user_managed``: shared, not copied).
 
 :class:`CompiledDecode` owns the package's folder (:func:`cache_dir`: keyed by the weight files'
 sha256, the dtype, torch's version, the CPU's flags, the thread count and this module's source),
@@ -130,8 +135,8 @@ class FrozenLinear(nn.Module):
     by fbgemm's kernel (``kernel="fbgemm"``, its packed copy made here) or as a bfloat16 row by
     ``torch._weight_int8pack_mm`` (``"int8pack"``, as ``RowScaledLinear`` multiplies one row) or
     as float32 sums of the int8 weight times the float32 row (``"sums"``: no packed copy and no
-    8-bit row); bfloat16 (oneDNN's packed weight, unpacked) times the float32 row, summed in
-    float32."""
+    8-bit row); bfloat16 (oneDNN's packed weight, which the layer then holds plain) or float32
+    times the float32 row, summed in float32."""
 
     def __init__(self, linear: nn.Module, kernel: str = "int8pack") -> None:
         super().__init__()
@@ -248,9 +253,9 @@ class FrozenStep(nn.Module):
 
 
 def unsupported(text: TextModel, dtype: str = "int8") -> str | None:
-    """Why the step is not compiled for ``text``, or None where it is: the plan's text linears
-    must be int8 by row with bfloat16 rows (native bfloat16), the plans the step's agreement was
-    measured on; others keep the eager step."""
+    """Why the step is not compiled for ``text`` in ``dtype``, or None where it is: the plan's
+    text linears must be int8 by row with bfloat16 rows, or oneDNN's packed bfloat16 (native
+    bfloat16), the plans the step's agreement was measured on; others keep the eager step."""
     if dtype == "bfloat16":  # its later layers' linears oneDNN's packed bfloat16 (native bfloat16)
         if not any(isinstance(m, PackedBf16Linear) for m in text.modules()):
             return "this CPU has no native bfloat16, and its bfloat16 plan multiplies otherwise than the compiled step"
@@ -322,13 +327,13 @@ def export_step(step: FrozenStep, x, pos, cos, sin, cache: KVCache) -> torch.exp
 
 
 class CompiledDecode:
-    """int8's decode step for one text tower as an AOTInductor package in ``folder``, compiled
+    """int8's or bfloat16's decode step for one text tower as an AOTInductor package in ``folder``, compiled
     there by :meth:`prepare` (or the first call) where no package is. A call returns the logits, or None where there is
     no compiled step (the caller then takes the eager step); the reason is warned once."""
 
     def __init__(self, text: TextModel, folder: Path, dtype: str, head: bool = True, kernel: str | None = None) -> None:
         self.text, self.folder, self.dtype = text, folder, dtype
-        # What ships is the default (sums or fbgemm by the thread count); the others are levers the
+        # What ships is the default (sums or fbgemm by the thread count and CPU); the others are levers the
         # bench measures beside it: the LM head eager's, the int8 linears' one-row kernel int8pack (all)
         # or fbgemm-mlp (the MLPs only), or fbgemm-wide (the wide bfloat16 layers int8 too, for a row).
         self.head = head
