@@ -173,7 +173,12 @@ def test_the_opt_in_dtypes_attend_as_the_cpu_runs_fastest():
         cpu = host.parse_cpuinfo(text)
         for dtype in ("int8", "bfloat16"):
             assert plan_precision(dtype, "cpu", cpu).attention == expected.get(text, Attention(torch.float32))
+            # The text tower's prefill attends in bfloat16 where AMX-BF16 runs torch's flash attention.
+            assert plan_precision(dtype, "cpu", cpu).text_prefill == (
+                torch.bfloat16 if text == SAPPHIRE_RAPIDS else None
+            )
         assert plan_precision("float32", "cpu", cpu).attention == Attention()
+        assert plan_precision("float32", "cpu", cpu).text_prefill is None
 
 
 def test_off_the_cpu_a_plan_is_torchs_own(monkeypatch):
@@ -182,7 +187,7 @@ def test_off_the_cpu_a_plan_is_torchs_own(monkeypatch):
     runs on the CPU only."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     plan = plan_precision("bfloat16", "auto", host.parse_cpuinfo(SAPPHIRE_RAPIDS))
-    assert plan.device == "cuda" and plan.attention == Attention()
+    assert plan.device == "cuda" and plan.attention == Attention() and plan.text_prefill is None
     assert plan.linears == ((kernels.WIDE_TEXT_LAYERS, FLOAT32),)
     assert not plan.embeddings_in_file and plan.float32_parts == ("text",)
     assert plan_precision("int8", "auto").device == "cpu"
@@ -400,6 +405,28 @@ def test_the_vision_tower_attends_as_the_cpu_runs_fastest(tiny_checkpoint, dtype
     for kind, info in HOSTS.items():
         model = load_model(tiny_checkpoint, plan_precision(dtype, "cpu", host.parse_cpuinfo(info)), parts=("vision",))
         assert _vision_attention(model) == ({(None, None)} if dtype == "float32" else {expected[kind]}), kind
+
+
+def test_the_text_prefill_attends_in_the_plans_dtype_and_a_decode_row_in_its_own(tiny_checkpoint):
+    """An AMX plan's text tower attends over a prefill's rows in bfloat16 (within bfloat16's
+    rounding of float32's attention), over one decode row in float32, the same values as a plan
+    without it; other CPUs' plans attend in float32 throughout."""
+    amx = plan_precision("bfloat16", "cpu", host.parse_cpuinfo(SAPPHIRE_RAPIDS))
+    zen4 = plan_precision("bfloat16", "cpu", host.parse_cpuinfo(EPYC_ZEN4))
+    fast, plain = (load_model(tiny_checkpoint, plan, parts=("text",)) for plan in (amx, zen4))
+    assert {layer.self_attn.prefill_dtype for layer in fast.text.layers} == {torch.bfloat16}
+    assert {layer.self_attn.prefill_dtype for layer in plain.text.layers} == {None}
+    ids = torch.randint(0, fast.cfg.text.vocab_size, (1, 40), generator=torch.Generator().manual_seed(0))
+    logits, caches = [], []
+    with torch.inference_mode():
+        for model in (fast, plain):
+            caches.append(model.text.new_cache(1, 48))
+            logits.append(prefill(model, model.text.embed_tokens(ids), caches[-1]).float())
+        assert F.cosine_similarity(*logits, dim=-1).item() >= 0.9999 and not torch.equal(*logits)
+        # One decode row over the same cache (the plain model's prefill): both attend in float32.
+        row, pos = ids[:, :1], torch.tensor([40])
+        steps = [model.text(model.text.embed_tokens(row), pos, caches[1])[:, -1] for model in (fast, plain)]
+    assert torch.equal(*steps)
 
 
 @pytest.mark.parametrize("cpu", ["this", *HOSTS])

@@ -29,7 +29,11 @@ PARTS = ("vision", "text")
 
 class Idefics3(nn.Module):
     def __init__(
-        self, cfg: ModelConfig, parts: tuple[str, ...] = PARTS, attention: Attention = EXACT_ATTENTION
+        self,
+        cfg: ModelConfig,
+        parts: tuple[str, ...] = PARTS,
+        attention: Attention = EXACT_ATTENTION,
+        text_prefill: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         unknown = set(parts) - set(PARTS)
@@ -39,7 +43,7 @@ class Idefics3(nn.Module):
         self.parts = tuple(p for p in PARTS if p in parts)
         self.vision = VisionTransformer(cfg.vision, attention) if "vision" in parts else None
         self.connector = Connector(cfg) if "vision" in parts else None
-        self.text = TextModel(cfg.text, cfg.tie_word_embeddings) if "text" in parts else None
+        self.text = TextModel(cfg.text, cfg.tie_word_embeddings, text_prefill) if "text" in parts else None
 
     @property
     def dtype(self) -> torch.dtype:

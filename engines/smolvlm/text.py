@@ -107,11 +107,14 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class Attention(nn.Module):
-    """Follows transformers' ``LlamaAttention`` (GQA, RoPE, causal), with q/k/v as one matmul."""
+    """Follows transformers' ``LlamaAttention`` (GQA, RoPE, causal), with q/k/v as one matmul.
+    With ``prefill_dtype`` (the precision plan's ``text_prefill``), several rows attend in that
+    dtype, one decode row in the activations' own."""
 
-    def __init__(self, cfg: TextConfig, layer: int) -> None:
+    def __init__(self, cfg: TextConfig, layer: int, prefill_dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self.layer = layer
+        self.prefill_dtype = prefill_dtype
         self.n_heads, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         q_size, kv_size = self.n_heads * self.head_dim, self.n_kv * self.head_dim
         self.qkv = FusedLinear(cfg.hidden_size, (q_size, kv_size, kv_size), bias=cfg.attention_bias)
@@ -133,6 +136,10 @@ class Attention(nn.Module):
         return self.o_proj.forward(y)
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        low = self.prefill_dtype
+        if low is not None and q.shape[2] > 1 and q.dtype != low:
+            y = causal_attention(q.to(low), k.to(low), v.to(low), self.head_dim**-0.5, self.n_heads != self.n_kv)
+            return y.to(q.dtype)
         return causal_attention(q, k, v, self.head_dim**-0.5, self.n_heads != self.n_kv)
 
 
@@ -153,10 +160,10 @@ class MLP(nn.Module):
 class DecoderLayer(nn.Module):
     """Follows transformers' ``LlamaDecoderLayer``: pre-RMSNorm attention and MLP, each residual."""
 
-    def __init__(self, cfg: TextConfig, layer: int) -> None:
+    def __init__(self, cfg: TextConfig, layer: int, prefill_dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, layer)
+        self.self_attn = Attention(cfg, layer, prefill_dtype)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
@@ -181,11 +188,11 @@ class TextModel(nn.Module):
     hook) is a normal one.
     """
 
-    def __init__(self, cfg: TextConfig, tie_word_embeddings: bool) -> None:
+    def __init__(self, cfg: TextConfig, tie_word_embeddings: bool, prefill_dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self.cfg = cfg
         self.embed_tokens = embedding_table(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, prefill_dtype) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if tie_word_embeddings:

@@ -361,7 +361,7 @@ def load_model(model_dir: Path | str, plan: PrecisionPlan | None = None, *, part
     cfg = ModelConfig.from_dir(model_dir)
     with torch.device("meta"):
         full = Idefics3(cfg)
-        model = Idefics3(cfg, parts, plan.attention)
+        model = Idefics3(cfg, parts, plan.attention, plan.text_prefill)
     tie = cfg.tie_word_embeddings and "text" in model.parts
     head_kind = plan.linear("text.lm_head")
     linears = {
