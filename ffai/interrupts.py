@@ -4,12 +4,15 @@ Python raises ``KeyboardInterrupt`` wherever the main thread is when SIGINT arri
 finaliser (a ``__del__``, such as Ray's ``ObjectRefGenerator`` dropped when an input ends) it is
 printed as "Exception ignored" and dropped, and the run went on to its end with exit 0. While
 ``caught()`` is active, SIGINT also leaves a mark, and the loops that wait on work (the caption
-driver, the Ray driver) call ``check()``, which raises it again where it cannot be lost.
+driver, the Ray driver) call ``check()``, which raises it again where it cannot be lost; and the
+swallowed one is not printed (its traceback reached a user's terminal beside ``ffai: error:
+interrupted``).
 """
 
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 from contextlib import contextmanager
 from typing import Iterator
@@ -32,12 +35,20 @@ def caught() -> Iterator[None]:
         signal.getsignal(signal.SIGINT) is signal.default_int_handler
     )
     if mine:
+        previous_hook = sys.unraisablehook
+
+        def quiet_interrupts(unraisable) -> None:
+            if not isinstance(unraisable.exc_value, KeyboardInterrupt):  # that one check() raises
+                previous_hook(unraisable)
+
+        sys.unraisablehook = quiet_interrupts
         signal.signal(signal.SIGINT, _on_sigint)
     try:
         yield
     finally:
         if mine:
             signal.signal(signal.SIGINT, signal.default_int_handler)
+            sys.unraisablehook = previous_hook
             _pending = False
 
 

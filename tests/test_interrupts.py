@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 import os
 import signal
+import sys
 
 import pytest
 
@@ -40,6 +41,24 @@ def test_without_the_guard_the_ctrl_c_is_lost():
     """What the guard is for: Python's own handler leaves nothing for check() to find."""
     _swallowed_ctrl_c()
     interrupts.check()
+
+
+def test_a_swallowed_ctrl_c_is_not_printed_and_other_finaliser_errors_are(monkeypatch):
+    seen = []
+    monkeypatch.setattr(sys, "unraisablehook", seen.append)
+
+    class Fails:
+        def __del__(self) -> None:
+            raise ValueError("a finaliser's own error")
+
+    with interrupts.caught():
+        _swallowed_ctrl_c()
+        Fails()
+        gc.collect()
+        with pytest.raises(KeyboardInterrupt):
+            interrupts.check()
+    assert [type(u.exc_value) for u in seen] == [ValueError]
+    assert sys.unraisablehook == seen.append  # the hook given back
 
 
 def test_a_program_with_its_own_handler_keeps_it():
