@@ -113,8 +113,8 @@ def compiled_row_kernel(threads: int, flags: frozenset[str]) -> str:
     threads or more on CPUs without AMX, where they keep every call inside the program (an fbgemm
     call leaves it, and the other threads wait through its serial part) and need no packed copy
     of the weights; fbgemm's int8 dot products elsewhere: at one thread, where the step is
-    compute-bound, and on the AMX Xeons at any count, whose cores ran the sums' loops 1.3x slower
-    than fbgemm at two threads (docs/benchmarks.md: measured on AMD Zen 4 and the AMX Xeon)."""
+    compute-bound, and on the AMX Xeons at any count, whose cores ran the sums' loops slower than
+    fbgemm at two threads too (docs/benchmarks.md has the figures from AMD Zen 4 and the AMX Xeon)."""
     return "sums" if threads > 1 and "amx_int8" not in flags else "fbgemm"
 
 

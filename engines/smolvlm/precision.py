@@ -115,8 +115,8 @@ def plan_precision(dtype: str, device: str = "cpu", cpu: host.CpuInfo | None = N
         linears=linears,
         int8=int8,
         attention=_attention(dtype, on_cpu, cpu),
-        # AMX-BF16 runs torch's bfloat16 flash attention on its tiles: a 600-900 token prefill's
-        # attention 20-24 % faster, its logits' cosine with float32 within 0.0001 (docs/benchmarks.md).
+        # AMX-BF16 runs torch's bfloat16 flash attention on its tiles: a long prefill faster at a
+        # cosine cost far under the gates' (docs/benchmarks.md has the figures).
         text_prefill=torch.bfloat16 if dtype != "float32" and on_cpu and "amx_bf16" in cpu.flags else None,
         # Left in the file only where nothing reads the table whole: the head has its own copy.
         embeddings_in_file=on_cpu and _kind(linears, "text.lm_head") != PLAIN,
