@@ -3,7 +3,7 @@ the resident memory of a process tree.
 
 Everything a process asks of its host or sets on it lives here, so engines and the pipeline
 share one copy: the CPU's model and flags (read once from /proc/cpuinfo), the thread count a
-pipeline process runs with, one malloc arena per process, the heap's free pages handed back
+pipeline process runs with, a malloc arena per compute thread, the heap's free pages handed back
 after each stage, glibc's heap settings around a load that reads its weights through buffers,
 and the peak RSS the bench and the memory benchmark sample. Why each setting is what it is,
 with the figures behind it: docs/precision-and-speed.md, docs/how-it-works.md and docs/benchmarks.md.
@@ -118,10 +118,11 @@ def cpu_info() -> CpuInfo:
 
 
 def set_threads(threads: int) -> None:
-    """Pin torch's intra-op threads (and OpenMP/MKL's) and have them allocate from one malloc
-    arena (:func:`share_one_malloc_arena`). The pipeline calls it once per process, before any
-    stage touches torch; which thread then runs the work is ``ffai.pipeline.compute``'s."""
-    share_one_malloc_arena()
+    """Pin torch's intra-op threads (and OpenMP/MKL's) and cap glibc's malloc arenas to match
+    (:func:`cap_malloc_arenas`: one for each of torch's threads and one for the thread that drives
+    them). The pipeline calls it once per process, before any stage touches torch; which thread
+    then runs the work is ``ffai.pipeline.compute``'s."""
+    cap_malloc_arenas(threads + 1)
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = str(threads)
     import torch  # only processes that ask for a thread count pay for the import here
@@ -147,17 +148,18 @@ def _glibc(name: str) -> Callable[..., int] | None:
         return None
 
 
-def share_one_malloc_arena() -> bool:
-    """Have every thread of this process allocate from glibc's main malloc arena, not one arena
-    per thread; returns whether it applied (glibc only; elsewhere malloc is left as it is).
+def cap_malloc_arenas(arenas: int) -> bool:
+    """At most ``arenas`` glibc malloc arenas in this process (glibc's own cap is eight per core);
+    returns whether it applied (glibc only; elsewhere malloc is left as it is).
 
-    Each of torch's compute threads otherwise gets an arena of its own, and what it frees
-    (fbgemm's and oneDNN's per-call buffers, a layer's outputs) stays in that arena for that
-    thread alone. A few threads, each making few and large allocations, hardly contend for one
-    arena. Threads that already allocated keep their arena, so this runs before torch starts its own.
+    Threads that allocate from one arena wait on its lock, and torch's threads allocate at every
+    call (fbgemm's and oneDNN's per-call buffers): the compiled int8 decode step ran a third slower
+    with the thread driving it and torch's second thread in one arena. What a thread frees stays
+    in its arena, so no more arenas than the threads that compute. A thread keeps the arena of its
+    first allocation, so this runs before torch starts its threads.
     """
     mallopt = _glibc("mallopt")
-    return mallopt is not None and bool(mallopt(M_ARENA_MAX, 1))
+    return mallopt is not None and bool(mallopt(M_ARENA_MAX, max(1, arenas)))
 
 
 def release_free_heap() -> None:

@@ -70,26 +70,36 @@ from ffai.host import set_threads
 
 libc = ctypes.CDLL(None)
 libc.malloc.restype = ctypes.c_void_p
-if sys.argv[1] == "set":
-    set_threads(1)
+if sys.argv[1] != "unset":
+    set_threads(int(sys.argv[1]))
 held = []
-worker = threading.Thread(target=lambda: held.extend(libc.malloc(16 << 10) for _ in range(64)))
-worker.start(); worker.join()
+together = threading.Barrier(4)  # four threads alive at once: none inherits an arena another left
+
+def allocate():
+    held.extend(libc.malloc(16 << 10) for _ in range(64))
+    together.wait()
+
+workers = [threading.Thread(target=allocate) for _ in range(4)]
+for worker in workers:
+    worker.start()
+for worker in workers:
+    worker.join()
 libc.malloc_stats()  # to stderr: "Arena 0:", "Arena 1:", ... each arena's bytes
 """
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc arenas")
-def test_set_threads_has_every_thread_allocate_from_the_main_arena() -> None:
-    # Once set_threads has run, a new thread's allocations come from the main arena and no
-    # second arena exists; without it the thread gets one of its own (the control: the probe
-    # itself can tell the two apart).
-    def arenas(mode: str) -> list[str]:
+def test_set_threads_caps_the_malloc_arenas_at_one_per_compute_thread_and_one() -> None:
+    # Four threads allocate at once: set_threads(n) lets them have n + 1 arenas between them
+    # (torch's n threads and the thread driving them each one of their own, so none waits on
+    # another's lock), no more; without it each has its own (the control: the probe can tell).
+    def arenas(mode: str) -> int:
         out = subprocess.run([sys.executable, "-c", _ARENA_PROBE, mode], capture_output=True, text=True, check=True)
-        return [line for line in out.stderr.splitlines() if line.startswith("Arena ")]
+        return sum(line.startswith("Arena ") for line in out.stderr.splitlines())
 
-    assert arenas("set") == ["Arena 0:"]
-    assert len(arenas("unset")) >= 2
+    assert arenas("1") == 2
+    assert arenas("2") == 3
+    assert arenas("unset") == 5
 
 
 _HEAP_PROBE = """
