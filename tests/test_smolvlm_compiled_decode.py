@@ -253,6 +253,16 @@ def test_a_package_that_cannot_be_read_leaves_the_eager_step(tiny_checkpoint, tm
     assert got == tokens(tiny_checkpoint, GREEDY, compiled=False)
 
 
+def test_row_sums_by_blocks_are_the_whole_weights_int32_sums():
+    # fbgemm's row offsets, summed a block of rows at a time: the same integers as one sum over
+    # the whole weight, a last block shorter than the others included.
+    weight = torch.randint(-127, 128, (1000, 96), dtype=torch.int8, generator=torch.Generator().manual_seed(0))
+    whole = weight.sum(1, dtype=torch.int32)
+    for rows in (1, 7, 256, 4096):
+        blocks = compiled_decode.row_sums(weight, rows)
+        assert blocks.dtype == torch.int32 and torch.equal(blocks, whole)
+
+
 def test_the_key_is_the_weights_sha256(tmp_path, monkeypatch):
     monkeypatch.setenv("FFAI_HOME", str(tmp_path / "home"))
     digest = "ab" * 32
