@@ -153,10 +153,10 @@ def cap_malloc_arenas(arenas: int) -> bool:
     returns whether it applied (glibc only; elsewhere malloc is left as it is).
 
     Threads that allocate from one arena wait on its lock, and torch's threads allocate at every
-    call (fbgemm's and oneDNN's per-call buffers): the compiled int8 decode step ran a third slower
-    with the thread driving it and torch's second thread in one arena. What a thread frees stays
-    in its arena, so no more arenas than the threads that compute. A thread keeps the arena of its
-    first allocation, so this runs before torch starts its threads.
+    call (fbgemm's and oneDNN's per-call buffers): the compiled int8 decode step waited on that
+    lock with the thread driving it and torch's second thread in one arena (docs/benchmarks.md).
+    What a thread frees stays in its arena, so no more arenas than the threads that compute. A
+    thread keeps the arena of its first allocation, so this runs before torch starts its threads.
     """
     mallopt = _glibc("mallopt")
     return mallopt is not None and bool(mallopt(M_ARENA_MAX, max(1, arenas)))

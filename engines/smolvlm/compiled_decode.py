@@ -131,8 +131,8 @@ def fbgemm_pack(weight: torch.Tensor) -> torch.Tensor:
 
 def row_sums(weight: torch.Tensor, rows: int = 4096) -> torch.Tensor:
     """The int32 sums of an (out, in) int8 weight's rows, a block of rows at a time: a sum in int32
-    casts its operand first, and the LM head's whole weight cast at once was 113 MB more at the
-    load's peak."""
+    casts its operand first, and the LM head's whole weight cast at once raised the load's peak
+    (docs/benchmarks.md, "The compiled int8 step's build, a load-time peak")."""
     return torch.cat([block.sum(1, dtype=torch.int32) for block in weight.split(rows)])
 
 
@@ -371,7 +371,7 @@ class CompiledDecode:
             return self._fail(why)
         package = self.folder / PACKAGE
         # Packing for fbgemm goes through buffers freed as each layer is done: a load's heap
-        # settings hand them back at once, instead of a heap 150 MB larger than what stays.
+        # settings hand them back at once, instead of leaving them in the heap.
         with host.heap_for_loading():
             step = FrozenStep(self.text, self.head, self.kernel).eval()
         if not package.is_file():

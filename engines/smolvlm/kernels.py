@@ -60,8 +60,8 @@ def int8_linears(flags: frozenset[str], bf16: bool) -> tuple[tuple[str, str], ..
     activations in the text tower cost the prefill logits more than everything else together,
     and one shared range was not the cause (docs/precision-and-speed.md). The LM head stays on
     fbgemm, the fastest for one row of 49k outputs and the least sensitive layer."""
-    # On AMX, OneDnnInt8Linear's tiles ran 3-6 % faster than bfloat16's (both with the GELU fused)
-    # in half the weight memory (docs/benchmarks.md, "AMX tiles: int8 again").
+    # On AMX, OneDnnInt8Linear's tiles ran faster than bfloat16's (both with the GELU fused) in
+    # half the weight memory (docs/benchmarks.md, "AMX tiles: int8 again").
     tile = INT8_ONEDNN if flags & ONEDNN_INT8_FLAGS else INT8
     wide = (WIDE_LAYERS, BF16_ONEDNN if bf16 else FLOAT32)
     if bf16:
