@@ -33,7 +33,7 @@ import torch
 from ffai import host, messages
 from ffai.engine import DecodingOptions, RuntimeOptions
 from ffai.errors import UsageError
-from ffai.opt_in_linears import PackedBf16Linear
+from ffai.opt_in_linears import PackedBf16Linear, QuantizedLinear
 from ffai_smolvlm import compiled_decode
 from ffai_smolvlm.generate import decode_one_token, generate, prefill
 from ffai_smolvlm.kernels import compiled_row_kernel
@@ -251,6 +251,28 @@ def test_a_package_that_cannot_be_read_leaves_the_eager_step(tiny_checkpoint, tm
     assert [m.level for m in said] == ["warning"]
     assert "could not load the compiled decode step" in said[0].text and "runs uncompiled" in said[0].text
     assert got == tokens(tiny_checkpoint, GREEDY, compiled=False)
+
+
+def test_an_fbgemm_linear_holds_the_packed_weight_alone_and_multiplies_as_the_eager_head():
+    # The LM head's eager layer made the step's: fbgemm's packed copy, no plain int8 weight beside
+    # it, and the same products as the eager layer's up to float32 rounding, for one row or several.
+    weight = torch.randn(300, 64, generator=torch.Generator().manual_seed(0)) * 0.05
+    eager = QuantizedLinear(weight, None, reduce_range=False)
+    frozen = compiled_decode.FrozenLinear(eager, "fbgemm")
+    assert frozen.kind == "fbgemm" and set(dict(frozen.named_buffers())) == {"packed", "offsets", "zero", "scale"}
+    for rows in (1, 5):
+        x = torch.randn(1, rows, 64, generator=torch.Generator().manual_seed(rows))
+        torch.testing.assert_close(frozen(x), eager(x), rtol=1e-6, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_an_fbgemm_step_lends_its_lm_head_to_the_prefill(compiled_home):
+    _, net, _, _ = compiled_home
+    step = net.text.compiled_decode
+    if step.kernel == "fbgemm":  # one packed copy of the head for both
+        assert net.text.lm_head is step._step.lm_head
+    else:  # the step's head reads the plain int8 weight; the prefill keeps fbgemm's eager layer
+        assert isinstance(net.text.lm_head, QuantizedLinear) and step._step.lm_head.kind == step.kernel
 
 
 def test_row_sums_by_blocks_are_the_whole_weights_int32_sums():

@@ -29,7 +29,8 @@ then holds the plain weight the package reads (``PackedBf16Linear.hold_plain``),
 reordered one back where the step fails. The step is built only where the plan's text linears
 are int8 by row with bfloat16 rows, or oneDNN's packed bfloat16 (CPUs with native bfloat16). The
 package holds no weights (``package_constants_in_so=False``): after loading, the step's tensors
-are handed to it (``user_managed``: shared, not copied).
+are handed to it (``user_managed``: shared, not copied). Where its LM head is fbgemm's, the
+prefill's last row takes that head too, so the head's int8 weights are held once.
 
 :class:`CompiledDecode` owns the package's folder (:func:`cache_dir`: keyed by the weight files'
 sha256, the dtype, torch's version, the CPU's flags, the thread count and this module's source),
@@ -104,21 +105,26 @@ def realized(t: torch.Tensor) -> torch.Tensor:
 # into aten's entry point (it reads the packed matrix), and an op defined here with a plain CPU
 # kernel costs the package nothing a call (torch.library.custom_op's wrapper cost 64 us a call).
 _LIBRARY = torch.library.Library("ffai_smolvlm", "DEF")
-_LIBRARY.define("int8_row_fbgemm(Tensor x, Tensor weight, Tensor packed, Tensor offsets, Tensor zero) -> Tensor")
+_LIBRARY.define("int8_row_fbgemm(Tensor x, Tensor packed, Tensor offsets, Tensor zero) -> Tensor")
 # aten's legacy fbgemm entry points warn at each call that they are deprecated.
 warnings.filterwarnings("ignore", message=r"fbgemm_\w+ is deprecated")
 
 
-def int8_row_fbgemm(x: torch.Tensor, weight, packed, offsets, zero) -> torch.Tensor:
-    """Float rows times the int8 ``weight`` (``packed`` by fbgemm, ``offsets`` its rows' sums,
-    ``zero`` a zero per output) by fbgemm's int8 kernel, each row quantised to 8 bits by its own
-    range; the sums unscaled."""
-    return torch.fbgemm_linear_int8_weight_fp32_activation(x, weight, packed, offsets, 1.0, 0, zero)
+def int8_row_fbgemm(x: torch.Tensor, packed, offsets, zero) -> torch.Tensor:
+    """Float rows times an int8 weight ``packed`` by fbgemm (``offsets`` its rows' sums, ``zero`` a
+    zero per output) by fbgemm's int8 kernel, the rows quantised to 8 bits by their range; the
+    sums unscaled."""
+    # The entry point reads its unpacked weight argument for the shape alone: a one-byte stand-in
+    # of that shape, so the plain weight need not be held beside the packed one.
+    shape = torch.zeros((), dtype=torch.int8).expand(offsets.shape[0], x.shape[-1])
+    return torch.fbgemm_linear_int8_weight_fp32_activation(x, shape, packed, offsets, 1.0, 0, zero)
 
 
 _LIBRARY.impl("int8_row_fbgemm", int8_row_fbgemm, "CPU")
 torch.library.register_fake(
-    "ffai_smolvlm::int8_row_fbgemm", lambda x, weight, *_: x.new_empty(x.shape[0], weight.shape[0]), lib=_LIBRARY
+    "ffai_smolvlm::int8_row_fbgemm",
+    lambda x, packed, offsets, zero: x.new_empty(x.shape[0], offsets.shape[0]),
+    lib=_LIBRARY,
 )
 
 
@@ -139,11 +145,11 @@ def row_sums(weight: torch.Tensor, rows: int = 4096) -> torch.Tensor:
 class FrozenLinear(nn.Module):
     """One linear of the step, its weights buffers the package takes as constants: int8 by row
     (``RowScaledLinear``'s own tensors, or fbgemm's unpacked: the same symmetric int8) times a row
-    by fbgemm's kernel (``kernel="fbgemm"``, its packed copy made here) or as a bfloat16 row by
-    ``torch._weight_int8pack_mm`` (``"int8pack"``, as ``RowScaledLinear`` multiplies one row) or
-    as float32 sums of the int8 weight times the float32 row (``"sums"``: no packed copy and no
-    8-bit row); bfloat16 (oneDNN's packed weight, which the layer then holds plain) or float32
-    times the float32 row, summed in float32."""
+    by fbgemm's kernel (``kernel="fbgemm"``: its packed copy made here, and held alone) or as a
+    bfloat16 row by ``torch._weight_int8pack_mm`` (``"int8pack"``, as ``RowScaledLinear``
+    multiplies one row) or as float32 sums of the int8 weight times the float32 row (``"sums"``:
+    no packed copy and no 8-bit row); bfloat16 (oneDNN's packed weight, which the layer then holds
+    plain) or float32 times the float32 row, summed in float32."""
 
     def __init__(self, linear: nn.Module, kernel: str = "int8pack") -> None:
         super().__init__()
@@ -157,8 +163,9 @@ class FrozenLinear(nn.Module):
             qweight, bias = torch.ops.quantized.linear_unpack(linear.packed)
             if bool(qweight.q_per_channel_zero_points().any()):
                 raise ValueError("an int8 weight with zero points")
-            self.register_buffer("weight", qweight.int_repr().contiguous())
             self.register_buffer("scale", qweight.q_per_channel_scales().float())
+            self.register_buffer("weight", qweight.int_repr().contiguous())
+            del qweight  # the unpacked copy gone before any packing: one head's size off the load's peak
         elif isinstance(linear, PackedBf16Linear) and kernel == "fbgemm-wide":  # int8 by row for a row
             self.kind = "int8"
             dense = linear.dense_weight().float()
@@ -179,19 +186,21 @@ class FrozenLinear(nn.Module):
             raise TypeError(f"no compiled decode step for a {type(linear).__name__}")
         if self.kind == "int8" and kernel in ("fbgemm", "fbgemm-wide"):
             self.kind = "fbgemm"
-            self.register_buffer("packed", fbgemm_pack(self.weight))
-            self.register_buffer("offsets", row_sums(self.weight))
-            self.register_buffer("zero", torch.zeros(self.weight.shape[0]))
+            weight = self._buffers.pop("weight")  # fbgemm reads its packed copy alone
+            self.register_buffer("packed", fbgemm_pack(weight))
+            self.register_buffer("offsets", row_sums(weight))
+            self.register_buffer("zero", torch.zeros(weight.shape[0]))
         elif self.kind == "int8" and kernel == "sums":
             self.kind = "sums"
         elif self.kind == "int8":
             self.register_buffer("unit", torch.ones(self.weight.shape[0], dtype=torch.bfloat16))
         self.register_buffer("bias", None if bias is None else bias.detach().float())
+        self.out_features, self.in_features = linear.out_features, linear.in_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
         if self.kind == "fbgemm":
-            y = torch.ops.ffai_smolvlm.int8_row_fbgemm(rows.float(), self.weight, self.packed, self.offsets, self.zero)
+            y = torch.ops.ffai_smolvlm.int8_row_fbgemm(rows.float(), self.packed, self.offsets, self.zero)
             y = y * self.scale
         elif self.kind == "int8":
             y = torch._weight_int8pack_mm(rows.to(torch.bfloat16), self.weight, self.unit).float() * self.scale
@@ -243,11 +252,12 @@ class FrozenStep(nn.Module):
 
     def __init__(self, text: TextModel, head: bool = False, kernel: str = "int8pack") -> None:
         super().__init__()
-        self.layers = nn.ModuleList(_FrozenLayer(layer, kernel) for layer in text.layers)
-        self.norm = text.norm
+        # The head first: the temporaries of its 49k rows are gone before the layers' copies pile up.
         self.lm_head = (
             FrozenLinear(text.lm_head, kernel if kernel in WHOLE_STEP_KERNELS else "int8pack") if head else None
         )
+        self.layers = nn.ModuleList(_FrozenLayer(layer, kernel) for layer in text.layers)
+        self.norm = text.norm
 
     def forward(self, x, pos, cos, sin, ks: list[torch.Tensor], vs: list[torch.Tensor]) -> torch.Tensor:
         end = pos[0].item() + 1  # exported as a size the caches bound
@@ -401,6 +411,14 @@ class CompiledDecode:
                 f"could not load the compiled decode step {package} ({type(e).__name__}: {_first_line(e)})"
             )
         self.runner, self._step = runner, step  # the step keeps the constants the runner points at
+        if (
+            isinstance(self.text.lm_head, QuantizedLinear)
+            and step.lm_head is not None
+            and step.lm_head.kind == "fbgemm"
+        ):
+            # The prefill's last row takes the step's LM head too: the same int8 weight, quantised
+            # row and fbgemm kernel, and one packed copy of the 49k rows held instead of two.
+            self.text.lm_head = step.lm_head
         return True
 
     def _compile(self, step: FrozenStep, package: Path) -> None:
