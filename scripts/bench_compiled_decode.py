@@ -24,8 +24,9 @@ set, before the timed steps, then loaded again as a new process would: both time
 Compiled arms load a model of their own (a compiled bfloat16 step leaves its layers' weights
 plain). Tokens of each compiled arm are compared with its eager arm's and with float32's
 (greedy, same prompt).
-``--rss ARM`` instead runs that one arm alone for ``--tokens`` steps (its package compiled
-beforehand in another process) and prints the peak RSS after the load and after decoding;
+``--rss ARM`` instead runs that one arm alone for ``--tokens`` steps and prints the peak RSS
+after the load and after decoding; a package not yet in FFAI_HOME is compiled in that process
+first, and its peak is the compile's: set FFAI_HOME and run it twice for a warm load's;
 ``--profile ARM`` the same with torch's profiler, its table of ops by time. The package's own
 kernels do not show there (only the ops around the step and the allocations), so profile the
 eager arm: the package calls its kernels (fbgemm's for the int8 rows aside), less the Python
