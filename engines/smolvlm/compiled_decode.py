@@ -103,7 +103,7 @@ def realized(t: torch.Tensor) -> torch.Tensor:
 
 # fbgemm's int8 kernel for float rows, as an opaque op of this library: torch.export cannot trace
 # into aten's entry point (it reads the packed matrix), and an op defined here with a plain CPU
-# kernel costs the package nothing a call (torch.library.custom_op's wrapper cost 64 us a call).
+# kernel spares the package torch.library.custom_op's wrapper at every call (docs/benchmarks.md).
 _LIBRARY = torch.library.Library("ffai_smolvlm", "DEF")
 _LIBRARY.define("int8_row_fbgemm(Tensor x, Tensor packed, Tensor offsets, Tensor zero) -> Tensor")
 # aten's legacy fbgemm entry points warn at each call that they are deprecated.
@@ -186,7 +186,8 @@ class FrozenLinear(nn.Module):
             raise TypeError(f"no compiled decode step for a {type(linear).__name__}")
         if self.kind == "int8" and kernel in ("fbgemm", "fbgemm-wide"):
             self.kind = "fbgemm"
-            weight = self._buffers.pop("weight")  # fbgemm reads its packed copy alone
+            weight = self.weight
+            del self.weight  # fbgemm reads its packed copy alone
             self.register_buffer("packed", fbgemm_pack(weight))
             self.register_buffer("offsets", row_sums(weight))
             self.register_buffer("zero", torch.zeros(weight.shape[0]))
