@@ -1,14 +1,15 @@
-"""Prompts for Qwen3-VL, token-identical to transformers' ``Qwen3VLProcessor`` (5.24).
+"""Prompts for Qwen3-VL, token-identical to transformers' ``Qwen3VLProcessor`` (5.25).
 
 The checkpoint's chat template renders one user message holding the pictures then the text; a
 picture renders as ``<|vision_start|><|image_pad|><|vision_end|>`` and a video as
 ``<|vision_start|><|video_pad|><|vision_end|>``. The processor then replaces each placeholder:
 
 - ``<|image_pad|>`` by one ``<|image_pad|>`` per merge window of the still (t * h * w / 4);
-- ``<|video_pad|>`` by, per frame pair, ``<{time:.1f} seconds>`` then ``<|vision_start|>``, the
-  pair's ``<|video_pad|>`` tokens and ``<|vision_end|>``, all inside the template's own
-  ``<|vision_start|>`` ... ``<|vision_end|>`` (so a video's text opens with two vision starts, as
-  the reference writes it).
+- the video's whole ``<|vision_start|><|video_pad|><|vision_end|>`` by, per frame pair,
+  ``<{time:.1f} seconds>`` then ``<|vision_start|>``, the pair's ``<|video_pad|>`` tokens and
+  ``<|vision_end|>``: each pair brings its own start and end, so the template's pair around them
+  goes (5.24 kept it, and a video's text opened with two vision starts; 5.25 dropped it as a bug).
+  A template that writes the video token bare has it replaced alone.
 
 The whole string is tokenised by the checkpoint's ``tokenizer.json`` with no special tokens
 added (its post-processor adds none; the template writes ``<|im_start|>`` itself).
@@ -34,6 +35,7 @@ IMAGE_PAD = "<|image_pad|>"
 VIDEO_PAD = "<|video_pad|>"
 VISION_START = "<|vision_start|>"
 VISION_END = "<|vision_end|>"
+VIDEO_WRAPPED = VISION_START + VIDEO_PAD + VISION_END  # the template's video, replaced whole
 IM_END = "<|im_end|>"
 # Tokens the prompt and the model need: a tokenizer without them is not a Qwen3-VL tokenizer.
 REQUIRED_TOKENS = (IMAGE_PAD, VIDEO_PAD, VISION_START, VISION_END, "<|im_start|>", IM_END)
@@ -102,7 +104,9 @@ class PromptBuilder:
             raise ValueError(f"{len(times)} frame times make {len(pairs)} pairs, the grid has {grid[0]}")
         per_pair = VIDEO_PAD * cfg.tokens((1, grid[1], grid[2]))
         clip = "".join(f"{timestamp(t)}{VISION_START}{per_pair}{VISION_END}" for t in pairs)
-        before, after = self._split(self.render([{"type": "video"}], text), VIDEO_PAD, 1)
+        rendered = self.render([{"type": "video"}], text)
+        placeholder = VIDEO_WRAPPED if VIDEO_WRAPPED in rendered else VIDEO_PAD
+        before, after = self._split(rendered, placeholder, 1)
         return self.encode(before + clip + after)
 
     def count_tokens(
