@@ -1,7 +1,7 @@
 """ffai: caption and question images and video with a local vision-language model.
 
     import ffai
-    from ffai.engine import DecodingOptions
+    from ffai.engines.contract import DecodingOptions
 
     options = ffai.CaptionOptions(fps=2, window=8, decoding=DecodingOptions(max_new_tokens=32))
     for cue in ffai.caption("clip.mp4", options):
@@ -16,12 +16,16 @@ __all__ = ["caption", "CaptionOptions", "Cue", "FfaiError"]
 
 
 def __getattr__(name: str):
-    if name in ("caption", "CaptionOptions"):
-        from ffai import captioning
+    if name == "caption":
+        from ffai.run.captioner import caption
 
-        return getattr(captioning, name)
+        return caption
+    if name == "CaptionOptions":
+        from ffai.run.options import CaptionOptions
+
+        return CaptionOptions
     if name == "Cue":
-        from ffai.cues import Cue
+        from ffai.outputs.cues import Cue
 
         return Cue
     if name == "FfaiError":

@@ -18,8 +18,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from ffai import host, interrupts, messages
+from ffai import messages
 from ffai.errors import FfaiError, UsageError
+from ffai.kit import host
+from ffai.run import interrupts
 
 try:  # typer >= 0.22 carries its own copy of click
     from typer._click import exceptions as click_errors
@@ -102,11 +104,11 @@ _PRINTER = _Printer(messages.NOTE)
 @app.command()
 def engines(as_json: AsJson = False) -> None:
     """List the engines that can run, by name, and which kernels each runs here in each dtype."""
-    from ffai import registry
+    from ffai.engines import registry
 
     infos = registry.engine_infos()
     cpu = host.cpu_info()
-    # Which dtypes run at least as fast as float32 is the CPU's doing (ffai.host), the same for
+    # Which dtypes run at least as fast as float32 is the CPU's doing (ffai.kit.host), the same for
     # every engine; float32 is the exact one. Which kernels run them is each engine's own report.
     fast = list(cpu.fast_dtypes())
     kernels = {}
@@ -170,7 +172,8 @@ def _pinning(files: list[dict]) -> str:
 @models_app.command("list")
 def models_list(as_json: AsJson = False) -> None:
     """Known models: engine, licence, size, what the manifest pins and where each was found."""
-    from ffai import models, verification
+    from ffai import models
+    from ffai.models import verification
 
     rows = []
     for m in models.manifests():
@@ -218,7 +221,8 @@ def models_list(as_json: AsJson = False) -> None:
 
 
 def _manifest(name: str | None):
-    from ffai import models, registry
+    from ffai import models
+    from ffai.engines import registry
 
     # No name: the default engine's default model (what `ffai caption` uses once it is here).
     name = name or registry.get_engine().info.default_model
@@ -240,7 +244,7 @@ def models_pull(
     from rich.progress import BarColumn, DownloadColumn, TextColumn, TransferSpeedColumn
     from rich.progress import Progress as RichProgress
 
-    from ffai import hub
+    from ffai.models import hub
 
     manifest = _manifest(name)
     if not manifest.hf_repo:
@@ -268,7 +272,7 @@ def models_pull(
 @models_app.command("verify")
 def models_verify(name: ModelName) -> None:
     """Re-hash a model's files on disk (against the manifest, or the hub's recorded hash) and record the result."""
-    from ffai import hub
+    from ffai.models import hub
 
     results = hub.verify(_manifest(name))
     for r in results:
@@ -445,9 +449,9 @@ def caption(
     quiet: Quiet = False,
 ) -> None:
     """Caption images and videos; write timed caption tracks."""
-    from ffai import jobs
-    from ffai.captioning import CaptionOptions
-    from ffai.engine import DecodingOptions, RuntimeOptions
+    from ffai.engines.contract import DecodingOptions, RuntimeOptions
+    from ffai.run import jobs
+    from ffai.run.options import CaptionOptions
 
     _settle(verbose, quiet, overwrite, never_overwrite)
     options = CaptionOptions(
@@ -479,7 +483,7 @@ def caption(
     make_backend = None
     ray_flags = (ray_actors, ray_cpus_per_actor, ray_gpus_per_actor)
     if ray is not None:
-        from ffai.ray_backend import RayBackend, RayResources, import_ray
+        from ffai.ray.backend import RayBackend, RayResources, import_ray
 
         if partial:
             raise UsageError("--partial is not available with --ray: answers come back from the cluster whole")
@@ -523,7 +527,7 @@ def sheet(
     quiet: Quiet = False,
 ) -> None:
     """Make the contact sheet (html) of a JSON track from its source, without a model."""
-    from ffai import sheet_build
+    from ffai.outputs import sheet_build
 
     _settle(verbose, quiet, overwrite, never_overwrite)
     sheet_build.build(track, output, overwrite=overwrite, source=source)

@@ -9,7 +9,7 @@ written once under ``--corpus``. Every arm runs in a fresh subprocess (``--child
 whole run timed as a user would time the command: Ray's start and stop included. Arms:
 
 - ``local``: ``ffai caption`` as on this machine (the corpus driver, ``LocalBackend``);
-- ``core``: ``--ray local`` (``ffai.ray_backend``: decode tasks and engine actors, Ray Core);
+- ``core``: ``--ray local`` (``ffai.ray.backend``: decode tasks and engine actors, Ray Core);
   it also reports each stage's seconds and windows, summed over the actors, and the decode
   tasks' (``RayBackend.stage_rates``);
 - ``data``: the same decode function and engine actor as a Ray Data pipeline (``from_items``
@@ -105,15 +105,16 @@ class _Measured:
 
 
 def child(arm: str, inputs: list[str], out: Path, flags: dict, resources: dict) -> dict:
-    from ffai import jobs, messages
-    from ffai.captioning import CaptionOptions
+    from ffai import messages
+    from ffai.run import jobs
+    from ffai.run.options import CaptionOptions
 
     options = CaptionOptions(**flags)
     out.mkdir(parents=True, exist_ok=True)
     measured: list[_Measured] = []
 
     def ray_backend(run_options):
-        from ffai.ray_backend import RayBackend, RayResources
+        from ffai.ray.backend import RayBackend, RayResources
 
         measured.append(_Measured(RayBackend(run_options, "local", RayResources(**resources))))
         return measured[-1]
@@ -156,9 +157,9 @@ def run_data(inputs: list[str], options) -> int:
 
     import ray
 
-    from ffai.captioning import Captioner, available_cores
-    from ffai.ray_workers import EngineActor, Failed, decode_input
-    from ffai.window_source import WindowItem
+    from ffai.ray.workers import EngineActor, Failed, decode_input
+    from ffai.run.captioner import Captioner, available_cores
+    from ffai.run.window_source import WindowItem
 
     captioner = Captioner(options)
     ray.init(include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR, object_store_memory=1 << 30)

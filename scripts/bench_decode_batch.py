@@ -35,7 +35,7 @@ def project(hs: list, weight, bias, schedule: str) -> list:
     import torch
     import torch.nn.functional as F
 
-    from ffai_smolvlm.layers import linear
+    from ffai.engines.smolvlm.layers import linear
 
     if schedule == "stacked" and len(hs) > 1:
         return list(F.linear(torch.cat(hs), weight, bias).split(1))
@@ -47,7 +47,7 @@ def layer_step(layer, xs: list, seqs: list, schedule: str) -> list:
     is the engine's (``text.DecoderLayer``), which the bit-equality with ``serial`` checks."""
     import torch.nn.functional as F
 
-    from ffai_smolvlm.text import apply_rope
+    from ffai.engines.smolvlm.text import apply_rope
 
     attn, mlp = layer.self_attn, layer.mlp
     h, kv, hd = attn.n_heads, attn.n_kv, attn.head_dim
@@ -95,8 +95,8 @@ def main() -> int:
     import torch
 
     from ffai.bench import checkpoints
-    from ffai.engine import RuntimeOptions
-    from ffai.inline import InlineEngine
+    from ffai.engines.contract import RuntimeOptions
+    from ffai.run.inline import InlineEngine
 
     torch.set_num_threads(args.threads)
     path = Path(args.model) if args.model else checkpoints.checkpoint("real")

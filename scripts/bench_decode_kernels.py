@@ -56,7 +56,7 @@ def time_shape(n: int, k: int, copies: int, repeats: int, inductor: bool) -> lis
     """Median ms of each kernel over ``copies`` (n, k) weights, kernels timed in turn."""
     import torch
 
-    from ffai.opt_in_linears import pack_int8, quantize_rows, row_scales
+    from ffai.kit.opt_in_linears import pack_int8, quantize_rows, row_scales
 
     floats = [torch.randn(n, k) * 0.02 for _ in range(copies)]
     scales = [row_scales(w) for w in floats]

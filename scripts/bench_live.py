@@ -25,12 +25,13 @@ import threading
 import time
 from pathlib import Path
 
-from ffai import host
 from ffai.bench import demo_scenes
-from ffai.captioning import Captioner, CaptionOptions, Progress
-from ffai.cues import Cue, Dropped, TrackHeader
-from ffai.live import DEFAULT_MAX_LAG_S
-from ffai.tracks import open_track
+from ffai.kit import host
+from ffai.outputs.cues import Cue, Dropped, TrackHeader
+from ffai.outputs.tracks import open_track
+from ffai.run.captioner import Captioner, Progress
+from ffai.run.live import DEFAULT_MAX_LAG_S
+from ffai.run.options import CaptionOptions
 from live_stream import Pacer, encode_ts, paced_chunks
 
 

@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ffai.host import run_measured
+from ffai.kit.host import run_measured
 from sample_media import make_clip
 
 

@@ -19,11 +19,13 @@ from pathlib import Path
 
 from PIL import Image
 
-from ffai import media, registry
+from ffai import media
 from ffai.bench import checkpoints
-from ffai.captioning import Captioner, CaptionOptions, Progress
-from ffai.engine import DecodingOptions, Request, RuntimeOptions
-from ffai.inline import InlineEngine
+from ffai.engines import registry
+from ffai.engines.contract import DecodingOptions, Request, RuntimeOptions
+from ffai.run.captioner import Captioner, Progress
+from ffai.run.inline import InlineEngine
+from ffai.run.options import CaptionOptions
 
 
 def step_ms(model, encoded, stream) -> float:
@@ -40,7 +42,7 @@ def step_ms(model, encoded, stream) -> float:
 
 
 def engine_arms(model_dir: Path, tokens: int, repeats: int) -> dict[str, float]:
-    from ffai.host import set_threads
+    from ffai.kit.host import set_threads
 
     set_threads(2)  # as the pipeline sets it on this 2-core machine
     model = InlineEngine(registry.get_engine("smolvlm"), model_dir, RuntimeOptions())

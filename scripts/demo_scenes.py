@@ -1,6 +1,6 @@
 """Rewrite the bundled demo clip from the synthetic scenes of ``ffai.bench.demo_scenes``.
 
-python scripts/demo_scenes.py --clip models/demo_clip.mp4
+python scripts/demo_scenes.py --clip examples/demo_clip.mp4
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ffai.bench import demo_eval
 
-DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "models" / "smolvlm-demo"
+DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "ffai" / "models" / "bundled" / "smolvlm-demo"
 
 
 def main(argv: list[str] | None = None) -> int:

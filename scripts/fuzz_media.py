@@ -78,7 +78,7 @@ def run_media(path: Path, timeout: float) -> dict:
 
 def run_cli(path: Path, timeout: float, checkpoint: Path) -> dict:
     """The whole ``ffai caption`` path on `path` in a subprocess: how it ended and the tree's peak RSS."""
-    from ffai.host import PeakRSS
+    from ffai.kit.host import PeakRSS
 
     cmd = [sys.executable, "-m", "ffai", "caption", "-i", str(path), "--fps", "1", "--window", "2"]
     cmd += ["--max-frames", "4", "-f", "jsonl", "-o", "-", "-q", "--model", str(checkpoint)]

@@ -1,10 +1,10 @@
-"""Write a random-weight SmolVLM (Idefics3) checkpoint (ffai_smolvlm.bench.checkpoints) into a folder.
+"""Write a random-weight SmolVLM (Idefics3) checkpoint (ffai.engines.smolvlm.bench.checkpoints) into a folder.
 
     python scripts/make_checkpoint.py --config real|tiny --out DIR [--seed 0] [--dtype float32]
 
 The tests and the bench write theirs into .cache/checkpoints/ themselves; this writes one
-anywhere, e.g. to look at or to load elsewhere. Needs transformers (the [reference] extra) and
-a source checkout (the real config and tokenizer files in tests/data/smolvlm-256m-instruct).
+anywhere, e.g. to look at or to load elsewhere. Needs transformers (the [reference] extra); the real config and tokenizer files ship with the
+package (ffai/engines/smolvlm/bench/files/smolvlm-256m-instruct).
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from ffai.engine import TENSOR_DTYPES
+from ffai.engines.contract import TENSOR_DTYPES
+from ffai.engines.smolvlm.bench import checkpoints
 from ffai.errors import FfaiError
-from ffai_smolvlm.bench import checkpoints
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,7 +22,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from ffai_smolvlm.bench import checkpoints
+from ffai.engines.smolvlm.bench import checkpoints
 
 PARAMETERS = 2_246_784_880  # the hub manifest's count for SmolVLM2-2.2B-Instruct (SOURCES.md)
 TEXT = {

@@ -18,7 +18,7 @@ import resource
 import time
 
 from ffai.bench import cases
-from ffai.inline import InlineEngine
+from ffai.run.inline import InlineEngine
 
 WINDOW_FPS = 2.0
 

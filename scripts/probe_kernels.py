@@ -1,4 +1,4 @@
-"""Checks the kernel rules (engines/smolvlm/kernels.py) against this CPU: each of torch's
+"""Checks the kernel rules (ffai/engines/smolvlm/kernels.py) against this CPU: each of torch's
 candidate kernels timed on SmolVLM2-256M-Video's linear shapes, by shape class (a tile's 1024
 rows, a prefill's rows, one decode row), beside the kind the int8 and bfloat16 plans choose here.
 
@@ -18,10 +18,10 @@ import time
 import torch
 import torch.nn.functional as F
 
-from ffai import host
-from ffai.opt_in_linears import OneDnnInt8Linear, PackedBf16Linear, QuantizedLinear, RowScaledLinear
-from ffai_smolvlm import kernels
-from ffai_smolvlm.precision import onednn_bf16, plan_precision
+from ffai.engines.smolvlm import kernels
+from ffai.engines.smolvlm.precision import onednn_bf16, plan_precision
+from ffai.kit import host
+from ffai.kit.opt_in_linears import OneDnnInt8Linear, PackedBf16Linear, QuantizedLinear, RowScaledLinear
 
 # (layer name as the plan knows it, in, out) for each shape class's rows.
 VISION = (

@@ -80,7 +80,7 @@ def case_images(name: str):
 
 
 def run_ours(model, item, n: int) -> tuple[dict, list[int], int]:
-    from ffai.engine import DecodingOptions
+    from ffai.engines.contract import DecodingOptions
 
     options = DecodingOptions(max_new_tokens=n, force_new_tokens=True)
     t0 = time.perf_counter()
@@ -147,9 +147,9 @@ def profile_decode(path: Path, dtype: str, threads: int, n: int) -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from ffai_smolvlm.generate import decode_one_token, prefill
-    from ffai_smolvlm.precision import plan_precision
-    from ffai_smolvlm.weights import load_model
+    from ffai.engines.smolvlm.generate import decode_one_token, prefill
+    from ffai.engines.smolvlm.precision import plan_precision
+    from ffai.engines.smolvlm.weights import load_model
 
     torch.set_num_threads(threads)
     model = load_model(path, plan_precision(dtype, "cpu"), parts=("text",))
@@ -197,9 +197,9 @@ def main() -> int:
     import torch
 
     from ffai.bench import checkpoints
-    from ffai.engine import RuntimeOptions
-    from ffai.inline import InlineEngine
-    from ffai_smolvlm.bench.checkpoints import reference_model, reference_processor
+    from ffai.engines.contract import RuntimeOptions
+    from ffai.engines.smolvlm.bench.checkpoints import reference_model, reference_processor
+    from ffai.run.inline import InlineEngine
 
     torch.set_num_threads(args.threads)
     path = Path(args.model) if args.model else checkpoints.checkpoint("real")

@@ -1,6 +1,6 @@
 """The resident memory of one bench arm by phase: ``import``, ``load`` (the weights) and ``run``
 (one bench case), sampled every 50 ms over the arm's process tree as the bench samples it
-(``ffai.host.PeakRSS``), so a peak can be told apart from what a load leaves behind.
+(``ffai.kit.host.PeakRSS``), so a peak can be told apart from what a load leaves behind.
 
     python scripts/rss_by_phase.py MODEL_DIR --engine qwen3-vl --dtype int8 --case frame [--threads 2]
 
@@ -27,7 +27,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
 
-    from ffai.host import PeakRSS, tree_rss
+    from ffai.kit.host import PeakRSS, tree_rss
 
     pid, peaks = os.getpid(), {}
     # The same sampler as the bench's, over this process and any workers it starts.

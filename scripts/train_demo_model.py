@@ -42,8 +42,8 @@ from pathlib import Path
 from ffai.bench import demo_eval, demo_scenes
 
 REPO = Path(__file__).resolve().parent.parent
-REFERENCE_DIR = REPO / "tests" / "data" / "smolvlm-256m-instruct"
-DEFAULT_OUT = REPO / "models" / "smolvlm-demo"
+REFERENCE_DIR = REPO / "ffai" / "engines" / "smolvlm" / "bench" / "files" / "smolvlm-256m-instruct"
+DEFAULT_OUT = REPO / "ffai" / "models" / "bundled" / "smolvlm-demo"
 MANIFEST_NAME = "smolvlm-demo"
 DOC_FILE = "RECIPE.md"  # documentation: shipped in the folder, not pinned by the manifest
 
@@ -113,7 +113,7 @@ def image_seq_len() -> int:
 
 def corpus() -> list[str]:
     """The text the tokenizer learns merges from: the chat framing, the prompts, every caption."""
-    from ffai_smolvlm.engine import FRAMES_PROMPT, STILL_PROMPT
+    from ffai.engines.smolvlm.engine import FRAMES_PROMPT, STILL_PROMPT
 
     # The pieces between special tokens in a rendered prompt (see prompt.PromptBuilder).
     framing = ["User:", STILL_PROMPT, FRAMES_PROMPT, "\nAssistant:"]
@@ -249,8 +249,8 @@ class SampleMaker:
     def __init__(self, folder: Path, recipe: Recipe, rng: random.Random) -> None:
         from tokenizers import Tokenizer
 
-        from ffai_smolvlm.preprocess import ProcessorConfig
-        from ffai_smolvlm.prompt import PromptBuilder
+        from ffai.engines.smolvlm.preprocess import ProcessorConfig
+        from ffai.engines.smolvlm.prompt import PromptBuilder
 
         self.recipe = recipe
         self.rng = rng
@@ -272,9 +272,9 @@ class SampleMaker:
     def sample(self) -> Sample:
         import torch
 
-        from ffai.engine import DecodingOptions
-        from ffai_smolvlm.engine import prompt_text
-        from ffai_smolvlm.preprocess import normalise, preprocess_images
+        from ffai.engines.contract import DecodingOptions
+        from ffai.engines.smolvlm.engine import prompt_text
+        from ffai.engines.smolvlm.preprocess import normalise, preprocess_images
 
         r = self.recipe
         canvas = self.canvas()
@@ -308,7 +308,7 @@ class SampleMaker:
         """``n`` single frames of ``n`` scenes for phase 1: (n, 3, 64, 64) pixels, (n, 3) labels."""
         import torch
 
-        from ffai_smolvlm.preprocess import normalise, preprocess_images
+        from ffai.engines.smolvlm.preprocess import normalise, preprocess_images
 
         scenes = [demo_scenes.sample_scene(self.rng, "train") for _ in range(n)]
         images = [demo_scenes.render(s, 1, self.canvas())[0] for s in scenes]
@@ -672,7 +672,7 @@ def main(argv: list[str] | None = None) -> int:
     recipe = Recipe(seed=args.seed, vision_steps=args.vision_steps, steps=args.steps, batch=args.batch, lr=args.lr)
     manifest = args.manifest
     if manifest is None and args.out.resolve() == DEFAULT_OUT:
-        manifest = REPO / "models" / f"{MANIFEST_NAME}.toml"
+        manifest = REPO / "ffai" / "models" / "bundled" / f"{MANIFEST_NAME}.toml"
     print(build(args.out, recipe, eval_n=args.eval_n, manifest=manifest))
     return 0
 

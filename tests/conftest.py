@@ -1,5 +1,5 @@
 """Shared fixtures: random-weight SmolVLM checkpoints and Qwen3-VL's tiny one, cached on disk, and
-the transformers reference on SmolVLM's (ffai.bench.checkpoints caches what ffai_smolvlm.bench
+the transformers reference on SmolVLM's (ffai.bench.checkpoints caches what ffai.engines.smolvlm.bench
 writes); the gate on ``browser`` tests (skipped without chromium, required under ``CI=true``).
 Helper modules beside the tests (media_fixtures, hub_server) import by name: pyproject's pytest
 ``pythonpath`` lists tests/."""
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from ffai.bench import checkpoints
-from ffai_smolvlm.bench.checkpoints import reference_model, reference_processor
+from ffai.engines.smolvlm.bench.checkpoints import reference_model, reference_processor
 
 # Started from a shell's background job (`bash .ci/run &` without job control), this process has
 # SIGINT ignored, and so would every ffai it starts: the Ctrl-C tests need it delivered.
@@ -37,8 +37,8 @@ def real_checkpoint() -> Path:
 @pytest.fixture(scope="session")
 def qwen3vl_tiny() -> Path:
     """Qwen3-VL's tiny random-weight checkpoint (4 vision blocks, 3 text layers) with the real
-    tokenizer, chat template and processor files (``ffai_qwen3vl.bench.checkpoints``)."""
-    from ffai_qwen3vl.bench.checkpoints import cached_checkpoint
+    tokenizer, chat template and processor files (``ffai.engines.qwen3vl.bench.checkpoints``)."""
+    from ffai.engines.qwen3vl.bench.checkpoints import cached_checkpoint
 
     return cached_checkpoint("tiny")
 

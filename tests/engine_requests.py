@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ffai.engine import DecodingOptions, Request
+from ffai.engines.contract import DecodingOptions, Request
 
 
 def request(images: Sequence, options: DecodingOptions, *, still: bool) -> Request:

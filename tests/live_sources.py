@@ -18,9 +18,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ffai.engine import EngineInfo, StageSpec
-from ffai_smolvlm.engine import ENGINE as SMOLVLM
-from ffai_smolvlm.stages import preprocess_stage
+from ffai.engines.contract import EngineInfo, StageSpec
+from ffai.engines.smolvlm.engine import ENGINE as SMOLVLM
+from ffai.engines.smolvlm.stages import preprocess_stage
 from minimal_engine import register_engine
 
 TESTS = Path(__file__).resolve().parent

@@ -1,5 +1,5 @@
 """A second, minimal engine, registered through the ``ffai.engines`` entry point by the tests
-(``register_palette_engine``): the contract in ``ffai.engine`` is all it implements.
+(``register_palette_engine``): the contract in ``ffai.engines.contract`` is all it implements.
 
 It names the dominant colour of each picture from its checkpoint's ``config.json`` palette
 ({"context": frames it can take, "colours": {name: [r, g, b]}}): a "look" stage (mean colour,
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from PIL import ImageStat
 
-from ffai.engine import Answer, DecodingOptions, EngineInfo, Request, StageSpec
+from ffai.engines.contract import Answer, DecodingOptions, EngineInfo, Request, StageSpec
 from ffai.errors import ModelError, UsageError
 
 NAME = "palette"

@@ -6,8 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from ffai import jobs, messages
-from ffai.captioning import CaptionOptions
+from ffai import messages
+from ffai.run import jobs
+from ffai.run.options import CaptionOptions
 
 
 def caption_corpus(

@@ -1,5 +1,5 @@
 """Reads a contact sheet (``-f html``) back with the standard library's HTML parser, independent
-of ``ffai.sheet``'s own markup code: the cards, the header's facts, the video and the policy."""
+of ``ffai.outputs.sheet``'s own markup code: the cards, the header's facts, the video and the policy."""
 
 from __future__ import annotations
 

@@ -15,11 +15,12 @@ import pytest
 from PIL import Image
 
 from ffai import media
-from ffai.captioning import Captioner, CaptionOptions
-from ffai.engine import DecodingOptions
-from ffai_smolvlm.preprocess import to_rgb
+from ffai.engines.contract import DecodingOptions
+from ffai.engines.smolvlm.preprocess import to_rgb
+from ffai.run.captioner import Captioner
+from ffai.run.options import CaptionOptions
 
-DEMO = Path(__file__).resolve().parents[1] / "models" / "smolvlm-demo"
+DEMO = Path(__file__).resolve().parents[1] / "ffai" / "models" / "bundled" / "smolvlm-demo"
 DURATIONS_MS = [40, 60, 100, 80, 120, 40] * 4  # 24 frames, 1.76 s
 FORMATS = {"gif": {}, "apng": {}, "webp": {"lossless": True}}
 SUFFIX = {"gif": ".gif", "apng": ".png", "webp": ".webp"}

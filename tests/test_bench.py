@@ -11,10 +11,10 @@ import pytest
 from ffai.bench import agreement, checkpoints, gates, ledger
 from ffai.bench.cli import BenchOptions, parse_cases
 from ffai.bench.hooks import hooks_for
-from ffai.engine import EngineInfo
+from ffai.engines.contract import EngineInfo
+from ffai.engines.smolvlm.bench import checkpoints as smolvlm_checkpoints
+from ffai.engines.smolvlm.bench.probes import text_weights
 from ffai.errors import ModelError, UsageError
-from ffai_smolvlm.bench import checkpoints as smolvlm_checkpoints
-from ffai_smolvlm.bench.probes import text_weights
 
 # Registers the bench under the app if ffai/cli.py does not yet, then runs the CLI.
 RUN_CLI = """
@@ -264,7 +264,7 @@ def test_quality_gate_of_an_opt_in_dtype_is_one_point_of_float32():
 
 
 def test_cpu_identity_is_the_model_and_the_flags_that_matter():
-    from ffai import host
+    from ffai.kit import host
 
     core = (
         "processor\t: {n}\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 9R14 96-Core Processor\n"
@@ -284,8 +284,8 @@ def test_precision_figures_on_the_tiny_checkpoint(tiny_checkpoint):
     """The floor counts the text tower as loaded; cosines are plain cosines whatever the dtype."""
     import torch
 
-    from ffai.engine import RuntimeOptions
-    from ffai.inline import InlineEngine
+    from ffai.engines.contract import RuntimeOptions
+    from ffai.run.inline import InlineEngine
 
     net = InlineEngine.load("smolvlm", tiny_checkpoint, RuntimeOptions(device="cpu"))["text"].net
     assert text_weights(tiny_checkpoint) == sum(p.numel() for p in net.text.parameters())
@@ -420,7 +420,7 @@ def test_missing_reference_files_are_one_line_errors(tmp_path, monkeypatch):
 
     # The bench without --model needs them for its default checkpoint.
     code = (
-        f"from ffai_smolvlm.bench import checkpoints\ncheckpoints.REFERENCE_DIR = checkpoints.Path({str(absent)!r})\n"
+        f"from ffai.engines.smolvlm.bench import checkpoints\ncheckpoints.REFERENCE_DIR = checkpoints.Path({str(absent)!r})\n"
         + RUN_CLI
     )
     proc = subprocess.run(
@@ -432,7 +432,7 @@ def test_missing_reference_files_are_one_line_errors(tmp_path, monkeypatch):
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         f"ffai: error: no --model given, and {absent} is missing: the random test checkpoints are built from the "
-        f"real config and tokenizer files there, which ship with a source checkout only; pass --model PATH to a "
+        f"real config and tokenizer files there, which ship inside the package; pass --model PATH to a "
         f"smolvlm checkpoint"
     ]
     assert not (tmp_path / "l.jsonl").exists()

@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 
 import ffai
-from ffai.captioning import Captioner, CaptionOptions, pipeline_config, placement
-from ffai.engine import DecodingOptions, Request, RuntimeOptions
+from ffai.engines.contract import DecodingOptions, Request, RuntimeOptions
 from ffai.errors import UsageError
 from ffai.pipeline import PipelineError
+from ffai.run.captioner import Captioner, pipeline_config, placement
+from ffai.run.options import CaptionOptions
 from sample_media import make_clip
 
 
@@ -33,7 +34,7 @@ def test_library_caption_yields_cues_in_order(tiny_checkpoint, tmp_path):
     assert [c.start_ms for c in cues] == [0, 1000, 2000, 3000, 4000]
     assert all(c.text == c.text.strip() and c.text for c in cues)
     # Each cue carries the tokens behind its text: they decode to it.
-    from ffai_smolvlm.prompt import PromptBuilder
+    from ffai.engines.smolvlm.prompt import PromptBuilder
 
     prompts = PromptBuilder.from_dir(tiny_checkpoint)
     assert all(0 < len(c.token_ids) <= 3 and prompts.decode(list(c.token_ids)).strip() == c.text for c in cues)
@@ -76,7 +77,7 @@ def test_the_pipeline_starts_only_when_asked(tiny_checkpoint):
 
 
 def test_threads_are_shared_out_between_workers():
-    from ffai_smolvlm import ENGINE
+    from ffai.engines.smolvlm import ENGINE
 
     config = pipeline_config(ENGINE.stages(), Path("/m"), RuntimeOptions(), cores=4)
     assert {p.name: p.threads for p in config.processes} == {"vision": 2, "text": 2}
@@ -104,7 +105,7 @@ def test_threads_are_shared_out_between_workers():
 )
 def test_placement_follows_cores_and_inputs_unless_asked(monkeypatch, tiny_checkpoint, choice, cores, video, where):
     assert placement(choice, cores=cores, video=video) == where
-    monkeypatch.setattr("ffai.captioning.available_cores", lambda: cores)
+    monkeypatch.setattr("ffai.run.captioner.available_cores", lambda: cores)
     assert Captioner(CaptionOptions(model=str(tiny_checkpoint), placement=choice), video=video).placement == where
 
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from ffai import inputs
 from ffai.cli import run
 from ffai.errors import UsageError
+from ffai.run import inputs
 from sample_media import make_clip
 
 FAST = ["--fps", "2", "--window", "2", "--max-new-tokens", "3"]
@@ -184,7 +184,7 @@ def test_run_log_flag_puts_the_record_where_asked_also_for_one_input(capsys, cor
 
 
 def test_parent_of_a_bare_file_name_is_the_working_folder(tmp_path, monkeypatch):
-    from ffai.jobs import plan_jobs
+    from ffai.run.jobs import plan_jobs
 
     monkeypatch.chdir(tmp_path)
     found = inputs.expand(["clip.mp4", "sub/clip.mp4"])
@@ -197,8 +197,8 @@ def test_parent_of_a_bare_file_name_is_the_working_folder(tmp_path, monkeypatch)
 
 
 def test_events_for_stdout_come_one_input_after_another_in_job_order():
-    from ffai.input_events import InputEvent
-    from ffai.jobs import _in_job_order
+    from ffai.run.input_events import InputEvent
+    from ffai.run.jobs import _in_job_order
 
     # A backend running inputs 0, 1 and 2 side by side (as on Ray), 2 failing before it starts.
     arrived = [(1, "start"), (0, "start"), (1, "cue"), (2, "failed"), (0, "cue"), (1, "done"), (0, "done")]

@@ -13,9 +13,9 @@ import pytest
 from ffai.bench import demo_eval, demo_scenes
 
 REPO = Path(__file__).resolve().parent.parent
-DEMO = REPO / "models" / "smolvlm-demo"
-CLIP = REPO / "models" / "demo_clip.mp4"
-MANIFEST = REPO / "models" / "smolvlm-demo.toml"
+DEMO = REPO / "ffai" / "models" / "bundled" / "smolvlm-demo"
+CLIP = REPO / "examples" / "demo_clip.mp4"
+MANIFEST = REPO / "ffai" / "models" / "bundled" / "smolvlm-demo.toml"
 DOC_FILE = "RECIPE.md"
 MAX_FOLDER_BYTES = 20 * 2**20
 MAX_CLIP_BYTES = 2**20
@@ -25,8 +25,8 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 @pytest.fixture(scope="module")
 def demo_model():
-    from ffai.engine import RuntimeOptions
-    from ffai.inline import InlineEngine
+    from ffai.engines.contract import RuntimeOptions
+    from ffai.run.inline import InlineEngine
 
     return InlineEngine.load("smolvlm", DEMO, RuntimeOptions(device="cpu"))
 

@@ -14,13 +14,13 @@ import pytest
 from PIL import Image
 
 from ffai.bench import demo_scenes
-from ffai.engine import DecodingOptions, Request
-from ffai.inline import InlineEngine
+from ffai.engines.contract import DecodingOptions, Request
+from ffai.run.inline import InlineEngine
 from live_sources import ffai_env
 from live_stream import encode_ts
 from minimal_engine import COLOURS, ENGINE, register_palette_engine, write_checkpoint
 
-DEMO_CLIP = Path(__file__).resolve().parents[1] / "models" / "demo_clip.mp4"
+DEMO_CLIP = Path(__file__).resolve().parents[1] / "examples" / "demo_clip.mp4"
 # The demo clip's four scenes, 3 s each, have these backgrounds; a shape covers little of a frame.
 SCENE_COLOURS = ["blue", "black", "green", "grey"]
 

@@ -1,4 +1,4 @@
-"""ffai.host: the CPU's model and flags, torch's thread count and glibc's malloc arenas, the
+"""ffai.kit.host: the CPU's model and flags, torch's thread count and glibc's malloc arenas, the
 heap's settings, and a process tree's resident memory."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from cpu_samples import AVX2_ONLY, EPYC_ZEN4, GRAVITON3, SAPPHIRE_RAPIDS, SSE_ONLY
-from ffai import host
+from ffai.kit import host
 
 
 def test_cpuinfo_of_an_avx512_vnni_bf16_cpu():
@@ -59,14 +59,14 @@ def test_host_reads_this_machine_once():
 
 
 def test_importing_host_imports_no_torch():
-    code = "import sys, ffai.host; print('torch' in sys.modules)"
+    code = "import sys, ffai.kit.host; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
 
 _ARENA_PROBE = """
 import ctypes, sys, threading
-from ffai.host import set_threads
+from ffai.kit.host import set_threads
 
 libc = ctypes.CDLL(None)
 libc.malloc.restype = ctypes.c_void_p
@@ -104,7 +104,7 @@ def test_set_threads_caps_the_malloc_arenas_at_one_per_compute_thread_and_one() 
 
 _HEAP_PROBE = """
 import ctypes
-from ffai import host
+from ffai.kit import host
 
 class Info(ctypes.Structure):  # glibc's struct mallinfo2
     _fields_ = [(name, ctypes.c_size_t) for name in

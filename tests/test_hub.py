@@ -11,9 +11,9 @@ import shutil
 
 import pytest
 
-from ffai import hub, models, verification
+from ffai import models
 from ffai.errors import ModelError
-from ffai.models import Manifest, ModelFile
+from ffai.models import Manifest, ModelFile, hub, verification
 from hub_server import HubServer, git_blob_sha1
 
 REPO = "test-org/tiny-vlm"

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from ffai import interrupts
+from ffai.run import interrupts
 
 
 class _SignalsInFinaliser:

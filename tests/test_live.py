@@ -13,11 +13,12 @@ import time
 
 import pytest
 
-from ffai import live, media
+from ffai import media
 from ffai.bench import demo_scenes
 from ffai.cli import run as run_cli
-from ffai.cues import Cue
-from ffai.windows import make_windows
+from ffai.outputs.cues import Cue
+from ffai.run import live
+from ffai.run.windows import make_windows
 from live_sources import SLOW_ENV, SLOW_NAME, ffai_env, register_slow_engine, start_caption, timeline
 from live_stream import (
     Pacer,

@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from ffai import models, registry, verification
+from ffai import models
+from ffai.engines import registry
+from ffai.models import verification
 
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = next((p for p in (ROOT.parent / "shared" / "reference", ROOT / "shared" / "reference") if p.is_dir()), None)
@@ -106,19 +108,22 @@ def test_the_reference_covers_every_hub_manifest():
     assert [n for n in HUB_MODELS if not (REFERENCE / n).is_dir()] == []
 
 
-BUNDLED = sorted(p.name for p in (ROOT / "tests" / "data").iterdir() if models.find_manifest(p.name))
+# The real models' small files each engine's bench ships (ffai/engines/*/bench/files/<model>).
+SHIPPED = {
+    p.name: p for p in sorted((ROOT / "ffai" / "engines").glob("*/bench/files/*")) if models.find_manifest(p.name)
+}
 
 
-@pytest.mark.parametrize("name", BUNDLED)
-def test_the_bundled_reference_files_are_what_the_manifest_pins(name):
-    """tests/data/<model> folders ship with the repository: checked everywhere, CI included."""
-    folder = ROOT / "tests" / "data" / name
+@pytest.mark.parametrize("name", sorted(SHIPPED))
+def test_the_shipped_reference_files_are_what_the_manifest_pins(name):
+    """The bench's copies of the real models' files ship with the package: checked everywhere, CI included."""
+    folder = SHIPPED[name]
     pins = {f.path: f for f in models.find_manifest(name).files}
     copies = sorted(p.name for p in folder.iterdir() if p.name != "SOURCES.md")
     assert copies
     for path in copies:
         data = (folder / path).read_bytes()
-        assert path in pins, f"{name}: tests/data has {path}, the manifest does not"
+        assert path in pins, f"{name}: the bench's files have {path}, the manifest does not"
         assert (pins[path].size, pins[path].sha256) == (len(data), hashlib.sha256(data).hexdigest()), path
 
 

@@ -11,10 +11,11 @@ import pytest
 
 from ffai import models
 from ffai.cli import run
+from ffai.engines.smolvlm.bench.checkpoints import REFERENCE_DIR as SMOLVLM_FILES
 from hub_server import HubServer
 
 ROOT = Path(__file__).resolve().parent.parent
-REFERENCE = Path(__file__).parent / "data" / "smolvlm-256m-instruct"
+REFERENCE = SMOLVLM_FILES
 
 
 @pytest.fixture
@@ -104,8 +105,9 @@ def _hub_snapshot(tmp_path: Path, name: str, commit: str, ref: str | None = None
 
 
 def test_default_model_lookup_order(isolated, monkeypatch):
-    from ffai import registry
-    from ffai.captioning import CaptionOptions, resolve_model
+    from ffai.engines import registry
+    from ffai.run.captioner import resolve_model
+    from ffai.run.options import CaptionOptions
 
     monkeypatch.delenv("FFAI_MODEL", raising=False)
     assert registry.get_engine().info.default_model == VIDEO

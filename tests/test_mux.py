@@ -15,7 +15,7 @@ import srt
 import webvtt
 
 from ffai.cli import run
-from ffai.mux import _ASS_HEADER, cue_payload
+from ffai.outputs.mux import _ASS_HEADER, cue_payload
 from media_fixtures import make_av_clip
 from sample_media import make_rotated_clip, make_vfr_clip
 
@@ -238,8 +238,8 @@ def test_existing_output_needs_y_and_a_failed_run_leaves_it(capsys, tiny_checkpo
 def test_ctrl_c_after_a_cue_leaves_a_file_with_it(tiny_checkpoint, tmp_path):
     """The writer stopped after its first cue (as the driver stops it on Ctrl-C) finishes a
     file holding that cue and the streams up to its end."""
-    from ffai.cues import Cue, TrackHeader
-    from ffai.mux import open_output
+    from ffai.outputs.cues import Cue, TrackHeader
+    from ffai.outputs.mux import open_output
 
     source = make_av_clip(tmp_path / "in.mkv", 4, "libx264", "aac")
     header = TrackHeader(str(source), 4.0, 64, 48, "smolvlm", "m", 2.0, 2, None, 6, None)

@@ -57,7 +57,7 @@ def wait_for(page, expression: str, timeout: float = 20.0) -> None:
 def test_webm_plays_in_chromium_with_its_cue_shown_at_its_time(chromium, tmp_path):
     from playwright.sync_api import sync_playwright
 
-    clip = reencode_vp9(Path(__file__).parent.parent / "models" / "demo_clip.mp4", tmp_path / "demo.webm", 384)
+    clip = reencode_vp9(Path(__file__).parent.parent / "examples" / "demo_clip.mp4", tmp_path / "demo.webm", 384)
     out = tmp_path / "demo.captioned.webm"
     flags = ["--model", "smolvlm-demo", "--fps", "2", "--window", "6"]
     assert run(["caption", "-i", str(clip), *flags, "-o", str(out)]) == 0

@@ -2,7 +2,7 @@
 window (as video) and a still equal to transformers' answer on the same input presented the same
 way, the pixel budgets, and every bad input refused in one line before weights load.
 
-The checkpoint is the tiny random-weight one ``ffai_qwen3vl.bench.checkpoints`` writes with
+The checkpoint is the tiny random-weight one ``ffai.engines.qwen3vl.bench.checkpoints`` writes with
 transformers (cached); the real 2B shapes are measured by hand (docs/benchmarks.md)."""
 
 from __future__ import annotations
@@ -15,18 +15,18 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from ffai import registry
 from ffai.cli import run
-from ffai.engine import DecodingOptions
+from ffai.engines import registry
+from ffai.engines.contract import DecodingOptions
+from ffai.engines.qwen3vl.bench.checkpoints import cached_checkpoint, reference_model, reference_processor
+from ffai.engines.qwen3vl.bench.reference import reference_inputs
+from ffai.engines.qwen3vl.engine import ENGINE, frame_budget_factor, processor_config
+from ffai.engines.qwen3vl.preprocess import PREPROCESSOR_FILE
+from ffai.engines.qwen3vl.video_frames import video_grid
 from ffai.errors import ModelError, UsageError
-from ffai_qwen3vl.bench.checkpoints import cached_checkpoint, reference_model, reference_processor
-from ffai_qwen3vl.bench.reference import reference_inputs
-from ffai_qwen3vl.engine import ENGINE, frame_budget_factor, processor_config
-from ffai_qwen3vl.preprocess import PREPROCESSOR_FILE
-from ffai_qwen3vl.video_frames import video_grid
 
 ROOT = Path(__file__).resolve().parent.parent
-DEMO_CLIP = ROOT / "models" / "demo_clip.mp4"  # 12 s, 128x96
+DEMO_CLIP = ROOT / "examples" / "demo_clip.mp4"  # 12 s, 128x96
 SMALL_FILES = (
     "config.json",
     "generation_config.json",
@@ -88,7 +88,10 @@ def test_models_list_says_decoding_is_greedy(capsys):
 
 def test_a_manifest_or_a_folders_config_picks_the_engine(qwen3vl_tiny):
     assert registry.engine_for_model(None, str(qwen3vl_tiny)).info.name == "qwen3-vl"
-    assert registry.engine_for_model(None, str(ROOT / "models" / "smolvlm-demo")).info.name == "smolvlm"
+    assert (
+        registry.engine_for_model(None, str(ROOT / "ffai" / "models" / "bundled" / "smolvlm-demo")).info.name
+        == "smolvlm"
+    )
     assert registry.engine_for_model(None, "qwen3-vl-4b-instruct").info.name == "qwen3-vl"
     assert registry.engine_for_model(None, "smolvlm-demo").info.name == "smolvlm"
     with pytest.raises(ModelError, match=r"qwen3-vl-2b-instruct\.toml: .*--engine qwen3-vl"):
@@ -217,7 +220,7 @@ def test_bad_input_is_one_line_before_weights_load(capsys, tmp_path, qwen3vl_tin
     elif case == "tokenizer without video pad":
         model = edited_copy(tmp_path, qwen3vl_tiny, drop_video_pad, "tokenizer.json")
     elif case == "smolvlm folder":
-        model = ROOT / "models" / "smolvlm-demo"
+        model = ROOT / "ffai" / "models" / "bundled" / "smolvlm-demo"
     elif case == "window too long":
         model = edited_copy(tmp_path, qwen3vl_tiny, shrink_context)
     elif case == "window as images":
@@ -234,7 +237,7 @@ def test_bad_input_is_one_line_before_weights_load(capsys, tmp_path, qwen3vl_tin
 
 def test_smolvlm_refuses_a_pixel_budget(capsys, tmp_path):
     code, _, err = caption(
-        capsys, "--model", str(ROOT / "models" / "smolvlm-demo"), "-i", str(DEMO_CLIP), "--max-pixels", "90000",
+        capsys, "--model", str(ROOT / "ffai" / "models" / "bundled" / "smolvlm-demo"), "-i", str(DEMO_CLIP), "--max-pixels", "90000",
         "-o", str(tmp_path / "out.srt"),
     )  # fmt: skip
     assert code == 2
@@ -254,7 +257,7 @@ def test_pixel_budgets_are_validated_once(kwargs, message):
 
 
 def test_int8_captions_a_still(capsys, tmp_path, qwen3vl_tiny, still):
-    """--dtype int8 runs (ffai_qwen3vl.precision's plan; its agreement: tests/test_qwen3vl_precision.py)."""
+    """--dtype int8 runs (ffai.engines.qwen3vl.precision's plan; its agreement: tests/test_qwen3vl_precision.py)."""
     out = tmp_path / "out.txt"
     code, _, err = caption(
         capsys,
@@ -282,8 +285,8 @@ def test_check_window_passes_a_whole_checkpoint(qwen3vl_tiny):
 def test_check_window_bounds_thin_frames(tmp_path, qwen3vl_tiny):
     # Under a small frame budget a thin frame makes more tokens than the largest square one: the
     # check must bound every frame shape, so a context one token short of the thin window refuses it.
-    from ffai_qwen3vl.engine import WIDEST_TIME, prompt_text
-    from ffai_qwen3vl.prompt import PromptBuilder
+    from ffai.engines.qwen3vl.engine import WIDEST_TIME, prompt_text
+    from ffai.engines.qwen3vl.prompt import PromptBuilder
 
     options = DecodingOptions(frame_max_pixels=4096, max_new_tokens=1)
     cfg = processor_config(qwen3vl_tiny, options, 8)

@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 
 from ffai.bench import demo_scenes
-from ffai.captioning import Captioner, CaptionOptions
 from ffai.cli import run
-from ffai.engine import DecodingOptions
+from ffai.engines.contract import DecodingOptions
+from ffai.run.captioner import Captioner
+from ffai.run.options import CaptionOptions
 from live_sources import start_caption
 from live_stream import encode_ts
 from sheet_reader import read

@@ -1,5 +1,5 @@
 """Qwen3-VL's model port against transformers 5.24 on a tiny random-weight checkpoint written by
-transformers itself (ffai_qwen3vl.bench.checkpoints, cached): each gate isolates a stage — the
+transformers itself (ffai.engines.qwen3vl.bench.checkpoints, cached): each gate isolates a stage — the
 vision tower with its DeepStack features (bit-equal), the 3-row rotary positions (equal), the
 prefill logits (bit-equal to what transformers' generate computes: the last row, logits_to_keep=1)
 and 32 greedy tokens (identical) — for a still, an 8-frame and a 3-frame window as video (the
@@ -18,14 +18,19 @@ import pytest
 import torch
 from PIL import Image
 
-from ffai.engine import DecodingOptions
+from ffai.engines.contract import DecodingOptions
+from ffai.engines.qwen3vl import generate as G
+from ffai.engines.qwen3vl.bench.checkpoints import (
+    REFERENCE_DIR,
+    cached_checkpoint,
+    reference_model,
+    reference_processor,
+)
+from ffai.engines.qwen3vl.config import ModelConfig
+from ffai.engines.qwen3vl.model import Visual
+from ffai.engines.qwen3vl.rope import rope_index
+from ffai.engines.qwen3vl.weights import INDEX_FILE, SINGLE_FILE, load_model
 from ffai.errors import EngineError, ModelError
-from ffai_qwen3vl import generate as G
-from ffai_qwen3vl.bench.checkpoints import REFERENCE_DIR, cached_checkpoint, reference_model, reference_processor
-from ffai_qwen3vl.config import ModelConfig
-from ffai_qwen3vl.model import Visual
-from ffai_qwen3vl.rope import rope_index
-from ffai_qwen3vl.weights import INDEX_FILE, SINGLE_FILE, load_model
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -1,4 +1,4 @@
-"""Qwen3-VL's opt-in dtypes (engines/qwen3vl/precision.py): the plan on each CPU kind, the loader
+"""Qwen3-VL's opt-in dtypes (ffai/engines/qwen3vl/precision.py): the plan on each CPU kind, the loader
 building it, agreement with float32 on the tiny checkpoint, and the 2B-shape gates (``real``,
 FFAI_QWEN3VL_2B=1)."""
 
@@ -11,17 +11,14 @@ import pytest
 import torch
 
 from cpu_samples import AVX2_ONLY, EPYC_ZEN4, SAPPHIRE_RAPIDS, SSE_ONLY
-from ffai import host
 from ffai.bench import cases
 from ffai.bench.agreement import cosine
 from ffai.bench.gates import COSINE_MIN
-from ffai.errors import UsageError
-from ffai.opt_in_linears import PackedBf16Linear, QuantizedLinear, RowScaledLinear
-from ffai_qwen3vl import generate as G
-from ffai_qwen3vl import precision
-from ffai_qwen3vl.bench.checkpoints import cached_checkpoint
-from ffai_qwen3vl.engine import ENGINE
-from ffai_qwen3vl.precision import (
+from ffai.engines.qwen3vl import generate as G
+from ffai.engines.qwen3vl import precision
+from ffai.engines.qwen3vl.bench.checkpoints import cached_checkpoint
+from ffai.engines.qwen3vl.engine import ENGINE
+from ffai.engines.qwen3vl.precision import (
     BF16_ONEDNN,
     FLOAT32,
     INT8,
@@ -32,7 +29,10 @@ from ffai_qwen3vl.precision import (
     onednn_bf16,
     plan_precision,
 )
-from ffai_qwen3vl.weights import load_model
+from ffai.engines.qwen3vl.weights import load_model
+from ffai.errors import UsageError
+from ffai.kit import host
+from ffai.kit.opt_in_linears import PackedBf16Linear, QuantizedLinear, RowScaledLinear
 
 NATIVE_BF16 = onednn_bf16()
 QKV, PROJ_EARLY = "visual.blocks.7.attn.qkv", "visual.blocks.2.attn.proj"
@@ -153,7 +153,7 @@ def test_ffai_engines_reports_the_plans_kernels(monkeypatch):
 
 
 def test_int8_on_cuda_is_refused_in_one_line():
-    from ffai_qwen3vl.precision import device_for
+    from ffai.engines.qwen3vl.precision import device_for
 
     with pytest.raises(UsageError, match="--dtype int8 runs on the CPU only"):
         device_for("int8", "cuda")
@@ -167,13 +167,13 @@ def exact(qwen3vl_tiny):
 
 @pytest.fixture(scope="module")
 def prepared(qwen3vl_tiny):
-    from ffai_qwen3vl.stages import Preprocessor
+    from ffai.engines.qwen3vl.stages import Preprocessor
 
     return Preprocessor(qwen3vl_tiny)(cases.items("frame")[0].request(cases.decoding()))
 
 
 def features_and_logits(model, prepared) -> list[torch.Tensor]:
-    from ffai_qwen3vl.preprocess import pixel_values
+    from ffai.engines.qwen3vl.preprocess import pixel_values
 
     with torch.inference_mode():
         visual = model.encode(pixel_values(prepared.pictures, prepared.processor), prepared.pictures.grid_thw)
@@ -230,7 +230,7 @@ def test_real_2b_opt_in_dtypes_hold_their_gates():
     the gates (int8 with its 0.996 margin). One model in memory at a time; cosines printed (-s)."""
     import gc
 
-    from ffai_qwen3vl.stages import Preprocessor
+    from ffai.engines.qwen3vl.stages import Preprocessor
 
     path = cached_checkpoint("2b")
     pre = Preprocessor(path)

@@ -1,6 +1,6 @@
-"""Qwen3-VL's processor and prompt (ffai_qwen3vl.preprocess, video_frames, prompt) against
+"""Qwen3-VL's processor and prompt (ffai.engines.qwen3vl.preprocess, video_frames, prompt) against
 transformers' ``Qwen3VLProcessor`` built from the real checkpoint's small files
-(tests/data/qwen3-vl-2b-instruct): pixel patches bit-equal, grids and prompt ids equal, for stills
+(ffai/engines/qwen3vl/bench/files/qwen3-vl-2b-instruct): pixel patches bit-equal, grids and prompt ids equal, for stills
 of odd sizes, modes and pixel budgets and for windows of 1, 2, 3, 8 and 64 frames shown as a clip
 with their times; then the configuration's and the prompt's one-line errors, the stop ids and the
 streaming decoder, which need no reference.
@@ -18,9 +18,8 @@ import pytest
 import torch
 from PIL import Image
 
-from ffai.errors import MediaError, ModelError, UsageError
-from ffai.tokenizing import TOKENIZER_FILE
-from ffai_qwen3vl.preprocess import (
+from ffai.engines.qwen3vl.bench.checkpoints import REFERENCE_DIR as QWEN3VL_FILES
+from ffai.engines.qwen3vl.preprocess import (
     PREPROCESSOR_FILE,
     VIDEO_PREPROCESSOR_FILE,
     ProcessorConfig,
@@ -29,18 +28,20 @@ from ffai_qwen3vl.preprocess import (
     pixel_values,
     preprocess_images,
 )
-from ffai_qwen3vl.prompt import PromptBuilder
-from ffai_qwen3vl.video_frames import (
+from ffai.engines.qwen3vl.prompt import PromptBuilder
+from ffai.engines.qwen3vl.video_frames import (
     clip_frames,
     pair_times,
     preprocess_video,
     video_grid,
     widest_video_tokens,
 )
+from ffai.errors import MediaError, ModelError, UsageError
+from ffai.kit.tokenizing import TOKENIZER_FILE
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-QWEN_DIR = Path(__file__).parent / "data" / "qwen3-vl-2b-instruct"
+QWEN_DIR = QWEN3VL_FILES
 STILL_PROMPT = "Describe this image."
 VIDEO_PROMPT = "Describe what happens in this video."
 # A user's prompt: accents, CJK, an emoji, a newline and a control token the tokenizer splits out.

@@ -15,9 +15,9 @@ import pytest
 import ray
 
 from ffai.bench import demo_scenes
-from ffai.captioning import CaptionOptions
 from ffai.errors import FfaiError
-from ffai.ray_backend import RayBackend, RayResources
+from ffai.ray.backend import RayBackend, RayResources
+from ffai.run.options import CaptionOptions
 from live_stream import StreamServer, encode_ts
 from ray_faults import FaultAfterFirstCue, caption_corpus, read_tracks
 from sample_media import make_clip
@@ -25,7 +25,7 @@ from sample_media import make_clip
 pytestmark = pytest.mark.ray
 
 OPTIONS = CaptionOptions(fps=1, window=3)
-DEMO_CLIP = Path(__file__).resolve().parents[1] / "models" / "demo_clip.mp4"
+DEMO_CLIP = Path(__file__).resolve().parents[1] / "examples" / "demo_clip.mp4"
 
 
 @pytest.fixture(scope="module")
@@ -148,8 +148,8 @@ def test_a_url_is_decoded_on_the_cluster_and_a_pipe_is_refused(backend, tmp_path
 def test_qwen3vl_on_ray_writes_the_local_track(backend, tmp_path):  # backend: Ray is up
     """The second engine on the cluster: its actor loads the tiny Qwen3-VL checkpoint and gives
     the track a run here gives, byte for byte."""
-    from ffai.engine import DecodingOptions
-    from ffai_qwen3vl.bench.checkpoints import cached_checkpoint
+    from ffai.engines.contract import DecodingOptions
+    from ffai.engines.qwen3vl.bench.checkpoints import cached_checkpoint
 
     decoding = DecodingOptions(max_new_tokens=6)
     options = CaptionOptions(model=str(cached_checkpoint("tiny")), fps=2, window=2, duration=2.0, decoding=decoding)

@@ -17,10 +17,10 @@ import pytest
 
 from ffai.cli import _bare_ray, run
 from ffai.errors import UsageError
-from ffai.ray_backend import RayResources, plan_resources
+from ffai.ray.backend import RayResources, plan_resources
 from ray_faults import read_tracks
 
-DEMO_CLIP = Path(__file__).resolve().parents[1] / "models" / "demo_clip.mp4"
+DEMO_CLIP = Path(__file__).resolve().parents[1] / "examples" / "demo_clip.mp4"
 # The bundled demo model by name: without --model the run takes $FFAI_MODEL, or the real 256M
 # model where it was pulled, and takes minutes instead of seconds.
 FLAGS = ["--model", "smolvlm-demo", "--fps", "1", "--window", "3"]

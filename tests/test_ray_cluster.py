@@ -12,14 +12,14 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 
-from ffai.captioning import CaptionOptions
-from ffai.ray_backend import RayBackend
+from ffai.ray.backend import RayBackend
+from ffai.run.options import CaptionOptions
 from ray_faults import FaultAfterFirstCue, caption_corpus, read_tracks
 
 pytestmark = pytest.mark.ray
 
 OPTIONS = CaptionOptions(fps=1, window=3)
-DEMO_CLIP = Path(__file__).resolve().parents[1] / "models" / "demo_clip.mp4"
+DEMO_CLIP = Path(__file__).resolve().parents[1] / "examples" / "demo_clip.mp4"
 NODE = {"num_cpus": 1, "object_store_memory": 128 * 2**20}
 
 

@@ -16,6 +16,7 @@ import typer.main
 
 from ffai.bench import cases
 from ffai.cli import app
+from ffai.engines.smolvlm.bench.checkpoints import REFERENCE_DIR as SMOLVLM_FILES
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -65,14 +66,14 @@ def _links(markdown: str) -> list[str]:
 
 def test_still_case_tile_count_matches_the_processor():
     """docs/benchmarks.md describes the bench's cases; the still's tiles are what the processor makes."""
-    from ffai_smolvlm.preprocess import ProcessorConfig, preprocess_images
+    from ffai.engines.smolvlm.preprocess import ProcessorConfig, preprocess_images
 
     pattern = r"`still` \((\d+)×(\d+): (\d+)×(\d+) tiles \+ the global image = (\d+)\)"
     m = re.search(pattern, BENCHMARKS_DOC)
     assert m, "docs/benchmarks.md no longer states the still case's tiles in the checked form"
     width, height, cols, rows, total = map(int, m.groups())
     assert (width, height) == cases.STILL_SIZE
-    processor = ProcessorConfig.from_dir(Path(__file__).parent / "data" / "smolvlm-256m-instruct")
+    processor = ProcessorConfig.from_dir(SMOLVLM_FILES)
     batch = preprocess_images([cases.synthetic_image(2, cases.STILL_SIZE)], processor, split=True)
     assert batch.grids == [(rows, cols)]
     assert batch.tiles.shape[0] == rows * cols + 1 == total
@@ -119,7 +120,7 @@ def test_every_command_has_an_example_in_the_readme():
 
 
 def test_every_track_format_is_named_in_the_readme_and_the_reference():
-    from ffai.tracks import FORMATS
+    from ffai.outputs.tracks import FORMATS
 
     for name, text in (("README.md", README), ("docs/caption.md", CAPTION_DOC)):
         missing = [fmt for fmt in FORMATS if f"`{fmt}`" not in text]
@@ -131,7 +132,7 @@ def test_readme_demo_track_is_the_demo_clips_scenes():
     output on the clip is checked by tests/test_demo_model.py)."""
     from ffai.bench import demo_scenes
 
-    assert "ffai caption -i models/demo_clip.mp4 --fps 2 --window 6 -o demo.srt" in README
+    assert "ffai caption -i examples/demo_clip.mp4 --fps 2 --window 6 -o demo.srt" in README
     block = next(b for b in _code_blocks(README) if "-->" in b)
     cue = r"(\d+)\n(\d\d):(\d\d):(\d\d),(\d{3}) --> (\d\d):(\d\d):(\d\d),(\d{3})\n(.+)"
     shown = []
@@ -203,7 +204,7 @@ def test_cited_repository_paths_exist():
 
 
 def test_cited_python_names_resolve():
-    """Dotted names the README and docs cite (`ffai.tracks.fold_line_breaks`) import and resolve."""
+    """Dotted names the README and docs cite (`ffai.outputs.tracks.fold_line_breaks`) import and resolve."""
     import importlib
 
     missing = []

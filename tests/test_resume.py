@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from ffai import runlog
 from ffai.cli import run
+from ffai.run import runlog
 from sample_media import make_clip
 
 

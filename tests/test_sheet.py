@@ -20,10 +20,11 @@ import pytest
 from PIL import Image
 
 import sheet_reader
-from ffai import media, sheet
+from ffai import media
 from ffai.cli import run
-from ffai.cues import Cue, TrackHeader
-from ffai.tracks import open_track, read_json_track
+from ffai.outputs import sheet
+from ffai.outputs.cues import Cue, TrackHeader
+from ffai.outputs.tracks import open_track, read_json_track
 from sample_media import make_clip
 
 HOSTILE = '<img src=x onerror="document.title=\'pwned\'"><script>document.title="pwned"</script> & </p></article>'

@@ -18,10 +18,10 @@ import pytest
 from PIL import Image
 
 import sheet_reader
-from ffai import sheet
 from ffai.cli import run
-from ffai.cues import Cue, TrackHeader
-from ffai.tracks import open_track
+from ffai.outputs import sheet
+from ffai.outputs.cues import Cue, TrackHeader
+from ffai.outputs.tracks import open_track
 from sample_media import make_clip
 
 pytestmark = pytest.mark.browser

@@ -11,13 +11,15 @@ from pathlib import Path
 import pytest
 
 from ffai.bench import checkpoints
-from ffai.engine import DecodingOptions
+from ffai.engines.contract import DecodingOptions
+from ffai.engines.smolvlm.bench.checkpoints import REFERENCE_DIR as SMOLVLM_FILES
+from ffai.engines.smolvlm.bench.checkpoints import V2_DIR as SMOLVLM2_FILES
+from ffai.engines.smolvlm.config import ModelConfig
 from ffai.errors import UsageError
-from ffai_smolvlm.config import ModelConfig
 from test_cli import assert_one_line_error, ffai
 
-V1_DATA = Path(__file__).parent / "data" / "smolvlm-256m-instruct"
-V2_DATA = Path(__file__).parent / "data" / "smolvlm2-500m-video-instruct"
+V1_DATA = SMOLVLM_FILES
+V2_DATA = SMOLVLM2_FILES
 
 
 @pytest.fixture(scope="module")

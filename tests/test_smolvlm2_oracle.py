@@ -21,12 +21,12 @@ import pytest
 import torch
 
 from ffai.bench import cases, checkpoints
-from ffai.engine import DecodingOptions, Request, RuntimeOptions
-from ffai.inline import InlineEngine
-from ffai_smolvlm import ENGINE
-from ffai_smolvlm.bench.probes import prefill_logits
-from ffai_smolvlm.bench.reference import ReferenceArm, reference_inputs
-from ffai_smolvlm.preprocess import normalise
+from ffai.engines.contract import DecodingOptions, Request, RuntimeOptions
+from ffai.engines.smolvlm import ENGINE
+from ffai.engines.smolvlm.bench.probes import prefill_logits
+from ffai.engines.smolvlm.bench.reference import ReferenceArm, reference_inputs
+from ffai.engines.smolvlm.preprocess import normalise
+from ffai.run.inline import InlineEngine
 from test_smolvlm_model import LOGITS_ABS_TOL, random_image, reference_generate, reference_logits
 
 pytestmark = [pytest.mark.oracle, pytest.mark.usefixtures("one_torch_thread")]

@@ -1,4 +1,4 @@
-"""int8's compiled decode step (engines/smolvlm/compiled_decode.py) on the tiny checkpoint: its
+"""int8's compiled decode step (ffai/engines/smolvlm/compiled_decode.py) on the tiny checkpoint: its
 logits agree with the eager step's, fed the same tokens, above the int8 gate with the issue's
 margin (it sums float32 rows, or quantises them to 8 bits for fbgemm's kernel, where eager
 multiplies bfloat16 rows, so tokens may part at near ties), and so does the module it is
@@ -30,16 +30,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from ffai import host, messages
-from ffai.engine import DecodingOptions, RuntimeOptions
+from ffai import messages
+from ffai.engines.contract import DecodingOptions, RuntimeOptions
+from ffai.engines.smolvlm import compiled_decode
+from ffai.engines.smolvlm.generate import decode_one_token, generate, prefill
+from ffai.engines.smolvlm.kernels import compiled_row_kernel
+from ffai.engines.smolvlm.loading import load_weights
+from ffai.engines.smolvlm.precision import BF16_ONEDNN, FLOAT32, INT8, INT8_BY_ROW, onednn_bf16, plan_precision
+from ffai.engines.smolvlm.weights import load_model, weight_files
 from ffai.errors import UsageError
-from ffai.opt_in_linears import PackedBf16Linear, QuantizedLinear
-from ffai_smolvlm import compiled_decode
-from ffai_smolvlm.generate import decode_one_token, generate, prefill
-from ffai_smolvlm.kernels import compiled_row_kernel
-from ffai_smolvlm.loading import load_weights
-from ffai_smolvlm.precision import BF16_ONEDNN, FLOAT32, INT8, INT8_BY_ROW, onednn_bf16, plan_precision
-from ffai_smolvlm.weights import load_model, weight_files
+from ffai.kit import host
+from ffai.kit.opt_in_linears import PackedBf16Linear, QuantizedLinear
 
 pytestmark = [
     pytest.mark.usefixtures("two_torch_threads"),

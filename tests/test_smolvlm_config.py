@@ -11,12 +11,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ffai import safetensors_reads
-from ffai.errors import ModelError
-from ffai_smolvlm.bench import checkpoints
-from ffai_smolvlm.config import ModelConfig
-from ffai_smolvlm.precision import FLOAT32, onednn_bf16, plan_precision
-from ffai_smolvlm.weights import (
+from ffai.engines.smolvlm.bench import checkpoints
+from ffai.engines.smolvlm.config import ModelConfig
+from ffai.engines.smolvlm.precision import FLOAT32, onednn_bf16, plan_precision
+from ffai.engines.smolvlm.weights import (
     WEIGHT_NAMES,
     checkpoint_name,
     kept_in_float32,
@@ -24,6 +22,8 @@ from ffai_smolvlm.weights import (
     model_tensor,
     slots,
 )
+from ffai.errors import ModelError
+from ffai.kit import tensor_files as safetensors_reads
 
 REAL_CONFIG = checkpoints.REFERENCE_DIR / "config.json"
 

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from engine_requests import request
-from ffai.engine import DecodingOptions, RuntimeOptions
-from ffai.inline import InlineEngine
-from ffai_smolvlm import ENGINE
+from ffai.engines.contract import DecodingOptions, RuntimeOptions
+from ffai.engines.smolvlm import ENGINE
+from ffai.run.inline import InlineEngine
 from test_smolvlm_model import TINY_SIZES, processor_inputs, random_image, reference_generate
 
 pytestmark = pytest.mark.oracle

@@ -13,11 +13,11 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ffai.opt_in_linears import PackedBf16Linear
-from ffai_smolvlm.layers import FusedLinear, linear
-from ffai_smolvlm.precision import plan_precision
-from ffai_smolvlm.text import apply_rope, rope_cos_sin
-from ffai_smolvlm.weights import load_model, model_tensor
+from ffai.engines.smolvlm.layers import FusedLinear, linear
+from ffai.engines.smolvlm.precision import plan_precision
+from ffai.engines.smolvlm.text import apply_rope, rope_cos_sin
+from ffai.engines.smolvlm.weights import load_model, model_tensor
+from ffai.kit.opt_in_linears import PackedBf16Linear
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -64,7 +64,7 @@ def test_building_the_model_skips_torch_symbolic_machinery(tiny_checkpoint):
     import subprocess
     import sys
 
-    code = f"import sys; from ffai_smolvlm.weights import load_model; load_model({str(tiny_checkpoint)!r}); print('sympy' in sys.modules)"
+    code = f"import sys; from ffai.engines.smolvlm.weights import load_model; load_model({str(tiny_checkpoint)!r}); print('sympy' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "False", out.stderr
 
@@ -142,7 +142,7 @@ def _whole_batch(vision, pixels, mask):
 
 @pytest.mark.parametrize("padded", [False, True])
 def test_vision_tile_by_tile_equals_the_whole_batch(model, padded):
-    from ffai_smolvlm.model import patch_mask
+    from ffai.engines.smolvlm.model import patch_mask
 
     torch.manual_seed(3)
     size = model.cfg.vision.image_size

@@ -10,12 +10,12 @@ import torch
 import torch.nn.functional as F
 
 from cpu_samples import AVX2_ONLY, EPYC_ZEN4, SAPPHIRE_RAPIDS
-from ffai import host
-from ffai.opt_in_linears import OneDnnInt8Linear, PackedBf16Linear
-from ffai_smolvlm import kernels
-from ffai_smolvlm.config import VisionConfig
-from ffai_smolvlm.precision import Attention, onednn_bf16
-from ffai_smolvlm.vision import VisionAttention, VisionMLP
+from ffai.engines.smolvlm import kernels
+from ffai.engines.smolvlm.config import VisionConfig
+from ffai.engines.smolvlm.precision import Attention, onednn_bf16
+from ffai.engines.smolvlm.vision import VisionAttention, VisionMLP
+from ffai.kit import host
+from ffai.kit.opt_in_linears import OneDnnInt8Linear, PackedBf16Linear
 
 native_bf16 = pytest.mark.skipif(not onednn_bf16(), reason="oneDNN has no native bfloat16 on this CPU")
 

@@ -15,12 +15,12 @@ import pytest
 import torch
 from PIL import Image
 
-from ffai.engine import DecodingOptions
+from ffai.engines.contract import DecodingOptions
+from ffai.engines.smolvlm.generate import generate
+from ffai.engines.smolvlm.precision import plan_precision
+from ffai.engines.smolvlm.preprocess import ProcessorConfig, normalise, preprocess_images
+from ffai.engines.smolvlm.weights import load_model
 from ffai.errors import EngineError, UsageError
-from ffai_smolvlm.generate import generate
-from ffai_smolvlm.precision import plan_precision
-from ffai_smolvlm.preprocess import ProcessorConfig, normalise, preprocess_images
-from ffai_smolvlm.weights import load_model
 
 pytestmark = [pytest.mark.oracle, pytest.mark.usefixtures("one_torch_thread")]
 

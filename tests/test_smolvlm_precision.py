@@ -15,25 +15,14 @@ import torch.nn.functional as F
 from PIL import Image
 
 from cpu_samples import AVX2_ONLY, EPYC_ZEN4, GRAVITON3, SAPPHIRE_RAPIDS, SSE_ONLY
-from ffai import host, messages
-from ffai.captioning import Captioner, CaptionOptions
+from ffai import messages
 from ffai.cli import run
-from ffai.engine import DecodingOptions, Request, RuntimeOptions
-from ffai.errors import UsageError
-from ffai.inline import InlineEngine
-from ffai.opt_in_linears import (
-    QUANTIZE_ROWS_BLOCK,
-    OneDnnInt8Linear,
-    PackedBf16Linear,
-    QuantizedLinear,
-    RowScaledLinear,
-    quantize_rows,
-)
-from ffai_smolvlm import kernels, precision
-from ffai_smolvlm.engine import ENGINE
-from ffai_smolvlm.generate import prefill
-from ffai_smolvlm.layers import FileEmbedding
-from ffai_smolvlm.precision import (
+from ffai.engines.contract import DecodingOptions, Request, RuntimeOptions
+from ffai.engines.smolvlm import kernels, precision
+from ffai.engines.smolvlm.engine import ENGINE
+from ffai.engines.smolvlm.generate import prefill
+from ffai.engines.smolvlm.layers import FileEmbedding
+from ffai.engines.smolvlm.precision import (
     ATTENTION_BLOCK,
     BF16_ONEDNN,
     FLOAT32,
@@ -45,8 +34,21 @@ from ffai_smolvlm.precision import (
     onednn_bf16,
     plan_precision,
 )
-from ffai_smolvlm.vision import blocked_attention
-from ffai_smolvlm.weights import load_model
+from ffai.engines.smolvlm.vision import blocked_attention
+from ffai.engines.smolvlm.weights import load_model
+from ffai.errors import UsageError
+from ffai.kit import host
+from ffai.kit.opt_in_linears import (
+    QUANTIZE_ROWS_BLOCK,
+    OneDnnInt8Linear,
+    PackedBf16Linear,
+    QuantizedLinear,
+    RowScaledLinear,
+    quantize_rows,
+)
+from ffai.run.captioner import Captioner
+from ffai.run.inline import InlineEngine
+from ffai.run.options import CaptionOptions
 from sample_media import make_clip
 
 # Names of linear layers of each group, as a plan is asked about them.
@@ -598,7 +600,7 @@ def test_onednn_int8_linear_is_exact_on_the_grid_and_fuses_the_gelu():
 
 EXACTNESS = """
 import json, torch
-from ffai.opt_in_linears import OneDnnInt8Linear
+from ffai.kit.opt_in_linears import OneDnnInt8Linear
 gen = torch.Generator().manual_seed(5)
 x = torch.randint(-127, 128, (64, 512), generator=gen, dtype=torch.int8)
 w = torch.randint(-127, 128, (128, 512), generator=gen, dtype=torch.int8)
@@ -662,7 +664,7 @@ def test_v2_opt_in_dtypes_pass_the_agreement_gate_on_a_window_as_video(monkeypat
     from ffai.bench import checkpoints
     from ffai.bench.agreement import cosine
     from ffai.bench.gates import COSINE_MIN
-    from ffai_smolvlm.bench.probes import prefill_logits
+    from ffai.engines.smolvlm.bench.probes import prefill_logits
 
     v2_tiny = checkpoints.checkpoint("v2-tiny")
     frames = tuple(_image(seed) for seed in (3, 4))

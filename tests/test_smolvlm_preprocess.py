@@ -11,8 +11,8 @@ import pytest
 import torch
 from PIL import Image
 
-from ffai.errors import MediaError, ModelError
-from ffai_smolvlm.preprocess import (
+from ffai.engines.smolvlm.bench.checkpoints import REFERENCE_DIR as SMOLVLM_FILES
+from ffai.engines.smolvlm.preprocess import (
     PREPROCESSOR_FILE,
     PROCESSOR_FILE,
     ProcessorConfig,
@@ -22,8 +22,9 @@ from ffai_smolvlm.preprocess import (
     tile_multiple_size,
     to_rgb,
 )
+from ffai.errors import MediaError, ModelError
 
-MODEL_DIR = Path(__file__).parent / "data" / "smolvlm-256m-instruct"
+MODEL_DIR = SMOLVLM_FILES
 
 
 def noisy_gradient(width: int, height: int, mode: str = "RGB", seed: int = 0) -> Image.Image:

@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
+from ffai.engines.smolvlm.bench.checkpoints import REFERENCE_DIR as SMOLVLM_FILES
+from ffai.engines.smolvlm.preprocess import ProcessorConfig, preprocess_images
+from ffai.engines.smolvlm.prompt import PromptBuilder, expand_image
 from ffai.errors import ModelError, UsageError
-from ffai_smolvlm.preprocess import ProcessorConfig, preprocess_images
-from ffai_smolvlm.prompt import PromptBuilder, expand_image
 
-MODEL_DIR = Path(__file__).parent / "data" / "smolvlm-256m-instruct"
+MODEL_DIR = SMOLVLM_FILES
 DEFAULT_TEXT = "Describe this image."
 CUSTOM_TEXT = "  Qu'est-ce qui est écrit ici ? 看板には何と書いてありますか ✓\nAnswer briefly.  "
 IMAGE_ID, FAKE_ID, GLOBAL_ID, ROW_1_COL_1_ID, EOU_ID = 49190, 49189, 49152, 49153, 49279
@@ -37,7 +38,7 @@ def test_token_ids(builder):
 
 
 def test_render_matches_checkpoint_notes(builder):
-    # Rendered strings recorded in tests/data/smolvlm-256m-instruct/SOURCES.md.
+    # Rendered strings recorded in ffai/engines/smolvlm/bench/files/smolvlm-256m-instruct/SOURCES.md.
     assert (
         builder.render(1, DEFAULT_TEXT) == "<|im_start|>User:<image>Describe this image.<end_of_utterance>\nAssistant:"
     )

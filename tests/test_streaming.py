@@ -20,20 +20,21 @@ import pytest
 from PIL import Image
 
 from ffai import media
-from ffai.captioning import Captioner, CaptionOptions, Progress
-from ffai.cues import Cue
-from ffai.engine import DecodingOptions
+from ffai.engines.contract import DecodingOptions
+from ffai.engines.smolvlm.prompt import PromptBuilder
 from ffai.errors import UsageError
+from ffai.outputs.cues import Cue
+from ffai.outputs.tracks import check_partial, open_track
 from ffai.pipeline import Coordinator
-from ffai.streaming import StrippedPieces
-from ffai.tracks import check_partial, open_track
-from ffai_smolvlm.prompt import PromptBuilder
+from ffai.run.captioner import Captioner, Progress
+from ffai.run.options import CaptionOptions
+from ffai.run.streaming import StrippedPieces
 from pipeline import toy_stages as toy
 from test_tracks import CUES, GOLDEN, HEADER, UPDATE, render
 
 ROOT = Path(__file__).resolve().parents[1]
-DEMO = ROOT / "models" / "smolvlm-demo"
-DEMO_CLIP = ROOT / "models" / "demo_clip.mp4"
+DEMO = ROOT / "ffai" / "models" / "bundled" / "smolvlm-demo"
+DEMO_CLIP = ROOT / "examples" / "demo_clip.mp4"
 
 
 @pytest.fixture(scope="module")

@@ -24,10 +24,10 @@ import srt
 import webvtt
 
 import sheet_reader
-from ffai.cues import Cue, TrackHeader
 from ffai.errors import OutputError, UsageError
-from ffai.tracks import FORMATS, check_output, fold_line_breaks, open_track, resolve_format
-from ffai.windows import Window
+from ffai.outputs.cues import Cue, TrackHeader
+from ffai.outputs.tracks import FORMATS, check_output, fold_line_breaks, open_track, resolve_format
+from ffai.run.windows import Window
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("FFAI_UPDATE_GOLDEN") == "1"
@@ -382,7 +382,7 @@ def test_device_output_needs_no_overwrite_flag():
 KILL_SCRIPT = textwrap.dedent("""
     import os, signal
     from test_tracks import CUES, HEADER
-    from ffai.tracks import FORMATS, open_track
+    from ffai.outputs.tracks import FORMATS, open_track
     for fmt in FORMATS:
         writer = open_track(os.path.join({folder!r}, "track." + fmt), fmt, HEADER, overwrite=False)
         for cue in CUES[:3]:

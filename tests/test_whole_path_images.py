@@ -30,12 +30,12 @@ from PIL import Image
 
 import ffai
 from ffai import media
-from ffai.captioning import CaptionOptions
 from ffai.cli import run
-from ffai.engine import DecodingOptions, Request, RuntimeOptions
-from ffai.inline import InlineEngine
-from ffai.tracks import fold_line_breaks
-from ffai_smolvlm import ENGINE
+from ffai.engines.contract import DecodingOptions, Request, RuntimeOptions
+from ffai.engines.smolvlm import ENGINE
+from ffai.outputs.tracks import fold_line_breaks
+from ffai.run.inline import InlineEngine
+from ffai.run.options import CaptionOptions
 from test_smolvlm_model import processor_inputs, random_image
 
 pytestmark = [

@@ -8,10 +8,10 @@ from pathlib import Path
 from PIL import Image
 
 from ffai import media
-from ffai.captioning import CaptionOptions
-from ffai.window_source import InOrder, window_items
+from ffai.run.options import CaptionOptions
+from ffai.run.window_source import InOrder, window_items
 
-DEMO_CLIP = Path(__file__).resolve().parents[1] / "models" / "demo_clip.mp4"
+DEMO_CLIP = Path(__file__).resolve().parents[1] / "examples" / "demo_clip.mp4"
 
 
 def test_results_are_released_in_order_once_each():

@@ -1,4 +1,4 @@
-"""Timeline rules of ffai.windows (DESIGN §2), checked as properties over seeded random clips."""
+"""Timeline rules of ffai.run.windows (DESIGN §2), checked as properties over seeded random clips."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import pytest
 
 from ffai.errors import UsageError
-from ffai.windows import Window, make_windows
+from ffai.run.windows import Window, make_windows
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """`ffai bench vlm`: ffai's engine against its reference implementation, same checkpoint and inputs.
 
 - ``hooks``: what an engine provides to be benched (``bench = "module:attr"`` on the engine):
-  its reference arm, its random checkpoints, its probes. SmolVLM's: ``ffai_smolvlm.bench``.
+  its reference arm, its random checkpoints, its probes. SmolVLM's: ``ffai.engines.smolvlm.bench``.
 - ``cases``: the inputs (frame, still, window, clip), the decoding budget, the quality items.
 - ``checkpoints``: the random-weight checkpoints the bench and the tests share (the bench's
   default), written by the engine's hooks and cached in ``.cache/checkpoints/``.

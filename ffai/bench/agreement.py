@@ -6,7 +6,7 @@ prints one JSON object on stdout. The timed arms stay as they are (one model, on
 own peak RSS); this process loads ffai's engine twice, in ``--dtype`` and in float32 (the
 float32 engine is bit-identical to the reference, which the float32 bench's correctness gate
 and the oracle tests keep), and for each item of the case, through the engine's probes (its
-bench hooks, ``ffai.bench.hooks``; SmolVLM's are ``ffai_smolvlm.bench.probes``):
+bench hooks, ``ffai.bench.hooks``; SmolVLM's are ``ffai.engines.smolvlm.bench.probes``):
 
 - the image features of every tile (SmolVLM: vision tower + connector output) in both dtypes,
   and their cosine similarity;
@@ -25,7 +25,7 @@ float32 tensor, best of a few) and the decode floor: the weights a decode step r
 engine's ``decode_weights``; SmolVLM's: the text tower and the LM head) at the dtype's width,
 read once per token at that bandwidth.
 
-Threads: as many as ffai's text stage gets on these cores (``ffai.captioning.pipeline_config``),
+Threads: as many as ffai's text stage gets on these cores (``ffai.run.captioner.pipeline_config``),
 so the decode time per token is the timed ffai arm's.
 """
 
@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 
 from ffai.bench import cases
 from ffai.bench.arms import print_result
-from ffai.engine import DTYPES, Engine, RuntimeOptions
+from ffai.engines.contract import DTYPES, Engine, RuntimeOptions
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -95,7 +95,7 @@ def decode_floor(weights: int, dtype: str, bytes_per_s: float) -> dict:
 
 def text_threads(engine: Engine, model_dir: Path, runtime: RuntimeOptions, cores: int) -> int:
     """Torch threads in the process that holds ffai's last (decoding) stage on ``cores`` cores."""
-    from ffai.captioning import pipeline_config
+    from ffai.run.captioner import pipeline_config
 
     config = pipeline_config(engine.stages(), model_dir, runtime, cores)
     threads = {p.name: p.threads for p in config.processes}
@@ -114,11 +114,11 @@ def run(
 ) -> dict:
     """The case's items in ``dtype`` (timed per token; ``compile``: with its compiled parts) and,
     unless float32, in float32 too."""
-    from ffai import registry
     from ffai.bench.hooks import hooks_for
-    from ffai.captioning import available_cores
-    from ffai.host import set_threads
-    from ffai.inline import InlineEngine
+    from ffai.engines import registry
+    from ffai.kit.host import set_threads
+    from ffai.run.captioner import available_cores
+    from ffai.run.inline import InlineEngine
 
     found = registry.get_engine(engine)
     probes = hooks_for(found)

@@ -13,7 +13,7 @@ process tree's peak RSS, so each arm's footprint is its own.
 - ``reference``: the engine's reference arm, from its bench hooks (``ffai.bench.hooks``): an
   implementation of its own (float32, always), asked the same question ffai asks; ``clip``
   answers the same windows (``cases.clip_items``). SmolVLM's is transformers' Idefics3
-  (``ffai_smolvlm.bench.reference``).
+  (``ffai.engines.smolvlm.bench.reference``).
 
 CASE ``quality`` answers the quality corpus instead (``--corpus DIR``, or the demo model's
 held-out scenes when no corpus is given) and reports the answers and how many were right.
@@ -29,9 +29,10 @@ from pathlib import Path
 
 from ffai.bench import cases
 from ffai.bench.cases import Item, QualityItem
-from ffai.captioning import Captioner, CaptionOptions, available_cores
-from ffai.engine import DTYPES, DecodingOptions, RuntimeOptions
+from ffai.engines.contract import DTYPES, DecodingOptions, RuntimeOptions
 from ffai.errors import FfaiError
+from ffai.run.captioner import Captioner, available_cores
+from ffai.run.options import CaptionOptions
 
 ARMS = ("ffai", "reference")
 QUALITY = "quality"  # the case name of the quality run

@@ -14,7 +14,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
-from ffai.engine import DecodingOptions, Request
+from ffai.engines.contract import DecodingOptions, Request
 from ffai.errors import FfaiError, UsageError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -99,7 +99,7 @@ def items(case: str, clip: Path | None = None) -> list[Item]:
 def clip_items(clip: Path) -> Iterator[Item]:
     """The clip's windows as `ffai caption --fps 1 --window 2` forms them, one Item each."""
     from ffai import media
-    from ffai.windows import make_windows
+    from ffai.run.windows import make_windows
 
     decoder = media.Decoder(isolated=False)  # in this process: the arm measures the engine alone
     info = decoder.probe(clip)

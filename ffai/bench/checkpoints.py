@@ -3,9 +3,10 @@
 No real weights are reachable, so the tests and the bench run on checkpoints an engine writes
 itself from its bench hooks (``ffai.bench.hooks``): ``write_checkpoint(kind, out)`` for each of
 its ``checkpoint_kinds`` (SmolVLM's: ``real``, the SmolVLM-256M shapes, and ``tiny``; see
-``ffai_smolvlm.bench.checkpoints``). This module is the engine-neutral cache around them.
+``ffai.engines.smolvlm.bench.checkpoints``). This module is the engine-neutral cache around them.
 
-A checkpoint lives in ``<repo>/.cache/checkpoints/<engine>-<kind>-<key>/``; the key hashes the
+A checkpoint lives in ``<repo>/.cache/checkpoints/<engine>-<kind>-<key>/`` (from an installed wheel,
+``$FFAI_HOME/checkpoints/``); the key hashes the
 engine's ``checkpoint_fingerprint(kind)`` (its writer's code, its config, the library versions
 it depends on), so a change to any of them means a fresh folder. The writer runs in a
 subprocess, so the caller never imports torch or the reference library. Folders are written
@@ -23,11 +24,25 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ffai.engines.registry import DEFAULT_ENGINE  # the tests' and scripts' checkpoints: SmolVLM's
 from ffai.errors import ModelError, UsageError
-from ffai.registry import DEFAULT_ENGINE  # the tests' and scripts' checkpoints: SmolVLM's
 
-REPO = Path(__file__).resolve().parents[2]
-CACHE = REPO / ".cache" / "checkpoints"
+
+def source_checkout() -> Path | None:
+    """The source checkout ffai runs from (an editable install), or None (an installed wheel)."""
+    checkout = Path(__file__).resolve().parents[2]
+    return checkout if (checkout / "pyproject.toml").is_file() and (checkout / "ffai" / "bench").is_dir() else None
+
+
+def _cache() -> Path:
+    from ffai.models import ffai_home
+
+    checkout = source_checkout()
+    return checkout / ".cache" / "checkpoints" if checkout else ffai_home() / "checkpoints"
+
+
+CHECKOUT = source_checkout()
+CACHE = _cache()
 
 
 def reinit_(model, seed: int, std: float) -> None:

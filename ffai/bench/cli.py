@@ -7,7 +7,7 @@ How a run goes (choices documented here, in one place):
 
 - The engine: ``--engine`` (default: the default engine, SmolVLM), benched through its bench
   hooks (``ffai.bench.hooks``): its reference arm, its random checkpoints, its probes for the
-  precision run. SmolVLM's reference is transformers' Idefics3 (``ffai_smolvlm.bench``).
+  precision run. SmolVLM's reference is transformers' Idefics3 (``ffai.engines.smolvlm.bench``).
 - The checkpoint: ``--model`` (name or folder), else the engine's first random checkpoint
   (SmolVLM's: the real SmolVLM-256M shapes with random weights), written once to
   ``.cache/checkpoints/smolvlm-real-*`` (speed and memory do not depend on the weights'
@@ -22,7 +22,7 @@ How a run goes (choices documented here, in one place):
   process tree: the main process and its pipeline workers, when it has any).
 - Both arms get the same cores: the reference one process with that many torch threads, ffai
   its stages placed and threaded as ``ffai caption`` places a video run on that many cores
-  (``ffai.captioning.placement``: one process taking turns on 2 cores or fewer).
+  (``ffai.run.captioner.placement``: one process taking turns on 2 cores or fewer).
 - Per case, once, untimed: the precision run (``python -m ffai.bench.agreement``), ffai alone
   in ``--dtype`` on the case's items with the engine's per-token timestamps (prefill, decode
   ms/token), beside the machine's memory bandwidth and the decode floor it sets; for an opt-in
@@ -59,7 +59,7 @@ import typer
 
 from ffai.bench import cases as inputs
 from ffai.bench import checkpoints, gates, ledger
-from ffai.engine import RuntimeOptions
+from ffai.engines.contract import RuntimeOptions
 from ffai.errors import EngineError, UsageError
 
 bench_app = typer.Typer(help="Benchmark ffai against a reference implementation.", no_args_is_help=True)
@@ -106,7 +106,7 @@ def parse_cases(text: str) -> tuple[str, ...]:
 def run_arm(arm: str, case: str, model_dir: Path, options: BenchOptions, cores: int, **paths: Path | None) -> dict:
     """One arm on one case in a fresh process; its JSON result plus the process tree's peak RSS."""
     from ffai.bench import arms
-    from ffai.host import run_measured
+    from ffai.kit.host import run_measured
 
     cmd = arms.command(
         arm,
@@ -146,9 +146,10 @@ def _result(proc, what: str, case: str) -> dict:
 
 def run_bench(options: BenchOptions, log: Callable[[str], None] = lambda message: None) -> dict:
     """Run both arms over the cases (and the quality corpus when there is one); the report."""
-    from ffai import models, registry
+    from ffai import models
     from ffai.bench.hooks import hooks_for
-    from ffai.captioning import available_cores
+    from ffai.engines import registry
+    from ffai.run.captioner import available_cores
 
     # A model named by its manifest is benched on the manifest's engine, as ffai caption runs it.
     engine = registry.engine_for_model(options.engine, options.model).info.name

@@ -1,6 +1,6 @@
 """Exact-caption accuracy of the demo checkpoint on held-out synthetic scenes, through the engine.
 
-The model is loaded by ``ffai_smolvlm`` (not transformers), as ``ffai caption`` loads it. Each
+The model is loaded by ``ffai.engines.smolvlm`` (not transformers), as ``ffai caption`` loads it. Each
 held-out scene (geometry cells the training never drew, see ``demo_scenes.split_of``) is asked
 once: a quarter as a still image, the rest as a window of 1-8 frames, rendered at canvas sizes partly unseen in training: half near-square (4:3
 or 1:1), half clearly not (portrait, 16:9, 2:1, 641x359...). Scenes are of both polarities,
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ffai.bench import demo_scenes
-from ffai.engine import DecodingOptions, Request
+from ffai.engines.contract import DecodingOptions, Request
 
 DEFAULT_N = 500
 DEFAULT_SEED = 1
@@ -128,8 +128,8 @@ def items(n: int = DEFAULT_N, seed: int = DEFAULT_SEED) -> list[Item]:
 
 def evaluate(model_dir: Path | str, n: int = DEFAULT_N, seed: int = DEFAULT_SEED, model=None) -> Result:
     """Ask the model about ``n`` held-out scenes; ``model`` may be an already loaded engine model."""
-    from ffai.engine import RuntimeOptions
-    from ffai.inline import InlineEngine
+    from ffai.engines.contract import RuntimeOptions
+    from ffai.run.inline import InlineEngine
 
     if model is None:
         model = InlineEngine.load("smolvlm", Path(model_dir), RuntimeOptions(device="cpu"))

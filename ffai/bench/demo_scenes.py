@@ -19,7 +19,7 @@ square tile (as the Idefics3 processor does, no padding), so on a 641x359 frame 
 reaches the model as an upright ellipse 1.8 times as tall as wide. ``random_canvas`` draws such
 frames for training.
 
-Rewrite the bundled clip: ``python scripts/demo_scenes.py --clip models/demo_clip.mp4``.
+Rewrite the bundled clip: ``python scripts/demo_scenes.py --clip examples/demo_clip.mp4``.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ HELDOUT_ONE_IN = 8
 ASPECT = (0.42, 2.4)
 LONG_SIDE = (64, 400)
 
-# The bundled clip (models/demo_clip.mp4): four scenes, two moving, two still.
+# The bundled clip (examples/demo_clip.mp4): four scenes, two moving, two still.
 CLIP_SIZE = (128, 96)
 CLIP_FPS = 10
 CLIP_SECONDS_PER_SCENE = 3.0

@@ -4,7 +4,7 @@ An engine object MAY carry ``bench = "module:attr"``, a string so that the plugi
 (``ffai engines`` imports it); the bench resolves it here (``hooks_for``) into an object with
 the :class:`BenchHooks` members. The bench's own parts (cases, schedule, gates, ledger, cosine,
 bandwidth and floor arithmetic, the checkpoint cache) stay engine-neutral in ``ffai.bench``.
-SmolVLM's hooks live in ``ffai_smolvlm.bench`` (engines/smolvlm/bench/); the palette test engine
+SmolVLM's hooks live in ``ffai.engines.smolvlm.bench`` (ffai/engines/smolvlm/bench/); the palette test engine
 (tests/minimal_engine.py) shows the least an engine needs.
 
 Nothing here imports torch; a hook imports what it needs inside its calls, so the bench's parent
@@ -16,13 +16,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from ffai.engine import DecodingOptions, Engine, Request
+from ffai.engines.contract import DecodingOptions, Engine, Request
 from ffai.errors import FfaiError, UsageError
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-    from ffai.inline import InlineEngine
+    from ffai.run.inline import InlineEngine
 
 
 class ReferenceArm(Protocol):
@@ -83,7 +83,7 @@ class BenchHooks(Protocol):
 def hooks_for(engine: str | Engine | None = None) -> BenchHooks:
     """The bench hooks of ``engine`` (a registered name, None for the default, or the object),
     or a one-line UsageError when it provides none."""
-    from ffai import registry
+    from ffai.engines import registry
     from ffai.pipeline.config import resolve
 
     found = engine if engine is not None and not isinstance(engine, str) else registry.get_engine(engine)

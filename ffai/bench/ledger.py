@@ -20,12 +20,12 @@ import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ffai.bench.checkpoints import REPO
+from ffai.bench.checkpoints import CHECKOUT
 from ffai.errors import OutputError
 from ffai.models import ffai_home
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ffai.host import CpuInfo
+    from ffai.kit.host import CpuInfo
 
 PACKAGES = ("ffai", "torch", "transformers", "tokenizers", "av", "pillow")
 REQUIRED_KEYS = (
@@ -60,8 +60,11 @@ def versions() -> dict[str, str | None]:
     return found
 
 
-def git_commit(repo: Path = REPO) -> str | None:
-    """The checkout's commit, with ``+dirty`` when tracked files changed; None outside git."""
+def git_commit(repo: Path | None = CHECKOUT) -> str | None:
+    """The checkout's commit, with ``+dirty`` when tracked files changed; None outside git (an
+    installed wheel has no checkout)."""
+    if repo is None:
+        return None
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, timeout=10)
         if head.returncode != 0:
@@ -79,9 +82,9 @@ def git_commit(repo: Path = REPO) -> str | None:
 
 
 def cpu_identity(info: "CpuInfo | None" = None) -> dict:
-    """The CPU's model name and the flags that decide which dtype runs fast (``ffai.host``; this
+    """The CPU's model name and the flags that decide which dtype runs fast (``ffai.kit.host``; this
     machine's unless ``info`` is given), as the report and the ledger record them."""
-    from ffai import host
+    from ffai.kit import host
 
     info = host.cpu_info() if info is None else info
     return {"model": info.model, "flags": list(info.relevant_flags)}

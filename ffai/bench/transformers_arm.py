@@ -9,7 +9,7 @@ import abc
 from pathlib import Path
 
 from ffai.bench import cases
-from ffai.engine import DecodingOptions, Request
+from ffai.engines.contract import DecodingOptions, Request
 
 
 class TransformersArm(abc.ABC):

@@ -26,7 +26,7 @@ from pathlib import Path
 from PIL import Image
 
 from ffai.errors import FfaiError, MediaError
-from ffai.media import sampling, stills, streams
+from ffai.media import frame_sampling, stills, streams
 from ffai.media.sources import source_label
 from ffai.media.streams import ANALYZE_S
 
@@ -218,12 +218,12 @@ def op_answers(op: str, file: Path | str, args: tuple, conn, fds: tuple[int, ...
     its caller's process (`conn` None there). A live source's sampling arguments arrive in
     `settings` after its probe."""
     if op == "sample":
-        return sampling.sample(file, *args)
+        return frame_sampling.sample(file, *args)
     if op == "frames_at":
-        return sampling.frames_at(file, *args)
+        return frame_sampling.frames_at(file, *args)
     if op == "live":
         return streams.live(conn, file, fds[0] if fds else None, settings)
-    function = {"probe": sampling.probe, "load_image": stills.load_image}[op]
+    function = {"probe": frame_sampling.probe, "load_image": stills.load_image}[op]
     return (function(file) for _ in range(1))  # one answer, computed when asked for
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from PIL import Image
 
 from ffai.errors import MediaError, UsageError
-from ffai.windows import check_fps
+from ffai.run.windows import check_fps
 
 # Largest width or height accepted, image or video; engines import it for the images they are handed.
 MAX_SIDE = 16384

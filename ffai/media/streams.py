@@ -1,7 +1,7 @@
 """Live sources, read as they arrive (``is_live``: standard input, a named pipe or device, a
 URL FFmpeg opens): opened once without seeking, probed from the first decoded frame, then
 sampled, their frame times stream time from the first frame, continuous across timestamp
-jumps. (``ffai.live`` is the other half: how a caption run keeps up with such a source.)"""
+jumps. (``ffai.run.live`` is the other half: how a caption run keeps up with such a source.)"""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from contextlib import contextmanager
 import av
 
 from ffai.errors import MediaError
-from ffai.media.sampling import pick
+from ffai.media.frame_sampling import pick
 from ffai.media.sources import URL_SCHEME, Frame, MediaInfo, check_size, source_label
 from ffai.media.video import decode, display_size, reason, video_stream
 

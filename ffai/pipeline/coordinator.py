@@ -31,7 +31,7 @@
   workers (use the coordinator as a context manager).
 - ``placement`` is where the stages run: ``"workers"`` (spawned worker processes, grouped
   by ``process``) or ``"inline"`` (threads of this process). Choosing one for a caption run
-  is ``ffai.captioning.placement``'s job; the coordinator only carries it out.
+  is ``ffai.run.captioner.placement``'s job; the coordinator only carries it out.
 
 Request ids are the caller's (any hashable value, unique among requests in flight); on
 the wire each request gets a fresh integer, so an id may be reused after it finished.

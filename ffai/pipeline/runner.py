@@ -26,7 +26,7 @@ from typing import Any
 
 from ffai import messages
 from ffai.errors import FfaiError
-from ffai.host import set_threads
+from ffai.kit.host import set_threads
 from ffai.pipeline.config import PipelineConfig
 from ffai.pipeline.errors import PipelineStartError
 from ffai.pipeline.messages import FAILED, READY, SAY, Message

@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 from ffai import messages
 from ffai.errors import FfaiError
-from ffai.host import release_free_heap, set_threads
+from ffai.kit.host import release_free_heap, set_threads
 from ffai.pipeline.compute import ComputeThread
 from ffai.pipeline.config import PipelineConfig, ProcessConfig, StageConfig, resolve
 from ffai.pipeline.errors import ConfigError
@@ -105,7 +105,7 @@ def make_scheduler(config: StageConfig, compute: ComputeThread | None = None) ->
 
 def _trimming_heap(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``fn``, handing the heap's free pages back to the OS each time it returns
-    (``ffai.host.release_free_heap``), so that the next stage's peak does not sit on top of what
+    (``ffai.kit.host.release_free_heap``), so that the next stage's peak does not sit on top of what
     this one freed. Here, where every runner (inline, worker process, Ray actor) builds a stage,
     so stage functions stay pure computation."""
 

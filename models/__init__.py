@@ -1,1 +1,0 @@
-"""Model manifests (``*.toml``) shipped with ffai, installed as the package ``ffai_models``."""
