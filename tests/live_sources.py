@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ffai.engines.contract import EngineInfo, StageSpec
 from ffai.engines.smolvlm.engine import ENGINE as SMOLVLM
-from ffai.engines.smolvlm.stages import preprocess_stage
+from ffai.engines.smolvlm.stages import STAGES
 from minimal_engine import register_engine
 
 TESTS = Path(__file__).resolve().parent
@@ -29,7 +29,7 @@ SLOW_NAME = "slow-smolvlm"
 
 
 def slow_preprocess_stage(model_dir: str, runtime):
-    stage = preprocess_stage(model_dir, runtime)
+    stage = STAGES.preprocess_stage(model_dir, runtime)
     delay = float(os.environ.get(SLOW_ENV, "0"))
 
     def slow(payload):

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 import fuzz
+from decoder_faults import sitecustomize as decoder_faults
 from ffai import media
 from ffai.errors import MediaError
 
@@ -158,11 +159,13 @@ def test_a_decoder_owns_its_fork_server_and_live_children(samples, tmp_path):
 
 @pytest.fixture
 def faulty_decoder(monkeypatch):
-    """Decoders whose fork servers start with the decoder fault stand-in in their environment."""
+    """Decoders whose fork servers start with the decoder fault stand-in in their environment
+    (tests/decoder_faults/sitecustomize.py)."""
     made: list[media.Decoder] = []
 
     def make(fault: str, **bounds) -> media.Decoder:
-        monkeypatch.setenv(media.FAULT_ENV, fault)
+        for name, value in decoder_faults.environment(fault).items():
+            monkeypatch.setenv(name, value)
         made.append(media.Decoder(**bounds))
         return made[-1]
 
@@ -278,7 +281,7 @@ def test_a_decoder_crash_does_not_take_the_run_down(samples, tiny_checkpoint, tm
     crasher = tmp_path / "crash.mp4"
     crasher.write_bytes(samples["mp4_default"].read_bytes())
     good = samples["mp4_default"]
-    done = caption(tiny_checkpoint, [crasher, good], env={media.FAULT_ENV: f"crash:{crasher.name}"})
+    done = caption(tiny_checkpoint, [crasher, good], env=decoder_faults.environment(f"crash:{crasher.name}"))
     assert done.returncode == 1
     assert done.stderr == f"ffai: error: {crasher}: the decoder crashed (killed by SIGSEGV)\n"
     assert len(done.stdout.splitlines()) == 1  # the good clip's 2 samples: one cue of --window 2

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import ray
 
-from ffai.bench import demo_scenes
+from ffai.bench import checkpoints, demo_scenes
 from ffai.errors import FfaiError
 from ffai.ray.backend import RayBackend, RayResources
 from ffai.run.options import CaptionOptions
@@ -149,10 +149,11 @@ def test_qwen3vl_on_ray_writes_the_local_track(backend, tmp_path):  # backend: R
     """The second engine on the cluster: its actor loads the tiny Qwen3-VL checkpoint and gives
     the track a run here gives, byte for byte."""
     from ffai.engines.contract import DecodingOptions
-    from ffai.engines.qwen3vl.bench.checkpoints import cached_checkpoint
 
     decoding = DecodingOptions(max_new_tokens=6)
-    options = CaptionOptions(model=str(cached_checkpoint("tiny")), fps=2, window=2, duration=2.0, decoding=decoding)
+    options = CaptionOptions(
+        model=str(checkpoints.checkpoint("tiny", "qwen3-vl")), fps=2, window=2, duration=2.0, decoding=decoding
+    )
     ray_backend = functools.partial(RayBackend, resources=RayResources(actors=1, cpus_per_actor=0.5))
     tracks = {}
     for arm, make_backend in (("local", None), ("ray", ray_backend)):

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from ffai.cli import _bare_ray, run
+from ffai.cli import run
+from ffai.cli.root import _bare_ray
 from ffai.errors import UsageError
 from ffai.ray.backend import RayResources, plan_resources
 from ray_faults import read_tracks

@@ -13,6 +13,7 @@ import ray
 from ray.cluster_utils import Cluster
 
 from ffai.ray.backend import RayBackend
+from ffai.ray.pool import START_TIMEOUT_S
 from ffai.run.options import CaptionOptions
 from ray_faults import FaultAfterFirstCue, caption_corpus, read_tracks
 
@@ -21,6 +22,19 @@ pytestmark = pytest.mark.ray
 OPTIONS = CaptionOptions(fps=1, window=3)
 DEMO_CLIP = Path(__file__).resolve().parents[1] / "examples" / "demo_clip.mp4"
 NODE = {"num_cpus": 1, "object_store_memory": 128 * 2**20}
+
+
+def wait_for_actors(backend: RayBackend, timeout: float = START_TIMEOUT_S) -> int:
+    """Wait up to ``timeout`` seconds for every actor of ``backend`` to load; how many are up. A
+    run starts with the first actor and the others join as they load; this test wants the whole
+    pool from the first window. Before a run, the refs the pool waits on are its actors loading."""
+    pool = backend.pool
+    loading = pool.refs()
+    if loading:
+        ready, _ = ray.wait(loading, num_returns=len(loading), timeout=timeout)
+        for ref in ready:
+            pool.done(ref)
+    return len(backend.actor_pids())
 
 
 def test_node_removed_mid_run(tmp_path):
@@ -37,7 +51,7 @@ def test_node_removed_mid_run(tmp_path):
         cluster.wait_for_nodes()
         with RayBackend(OPTIONS) as backend:
             assert backend.plan.actors == 2  # one per node
-            assert backend.wait_for_actors() == 2  # the worker node's actor too, before any window
+            assert wait_for_actors(backend) == 2  # the worker node's actor too, before any window
             # The node goes once both actors hold windows, so the worker's has work to lose.
             both_working = lambda: backend.actors_working() == 2  # noqa: E731
             faulty = FaultAfterFirstCue(backend, lambda: cluster.remove_node(worker), both_working)

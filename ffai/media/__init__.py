@@ -53,7 +53,6 @@ from __future__ import annotations
 
 from ffai.media.decoder import Decoder
 from ffai.media.sandbox import (
-    FAULT_ENV,
     FILE_TIMEOUT_S,
     MEMORY_LIMIT_BYTES,
     REALTIME_FACTOR,
@@ -78,7 +77,6 @@ from ffai.media.video import encoder_available, video_encoder
 __all__ = [
     "ANALYZE_S",
     "DISCONTINUITY_S",
-    "FAULT_ENV",
     "FILE_TIMEOUT_S",
     "MAX_SIDE",
     "MEMORY_LIMIT_BYTES",

@@ -37,8 +37,8 @@ def check_sample_claims(file: Path) -> None:
 
     A "stsz" box with one size for every sample stores only that size and a count: FFmpeg then
     builds an index entry (and timing entries) for each claimed sample, so a damaged count in a
-    2 KB file grows a decoder to gigabytes before it fails. Samples live in the file, so the
-    claim is checked against the file's size first."""
+    tiny file grows a decoder to gigabytes before it fails (docs/hostile-files.md). Samples live
+    in the file, so the claim is checked against the file's size first."""
     size = file.stat().st_size
     with file.open("rb") as f:
         head = f.read(8)

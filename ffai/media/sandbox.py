@@ -19,7 +19,7 @@ import time
 import traceback
 import warnings
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,10 +51,6 @@ MEMORY_LIMIT_BYTES = 8 << 30
 # A live source that delivers no video for this long (--stall-timeout) has stalled; the default
 # covers a sender's start-up and a network's hiccups, and is far below STEP_TIMEOUT_S.
 STALL_TIMEOUT_S = 10.0
-# Test-only: "crash:NAME", "hang:NAME" or "spin:NAME" makes the child decoding the file named
-# NAME die of SIGSEGV, or stop answering, blocked or looping on a CPU, as a decoder crash or
-# hang would (probing it is left alone).
-FAULT_ENV = "FFAI_TEST_DECODER_FAULT"
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100  # /proc's unit of CPU time
 _RECHECK_S = 1.0  # how often a parent waiting for an answer counts the child's time (Child._time_left)
 
@@ -75,11 +71,11 @@ class _ChildTraceback(Exception):
 
 class _ForkServer:
     """One clean, single-threaded process that has imported this module and forks a decoder
-    child per file: a fork costs milliseconds where a fresh interpreter costs most of a second,
-    and forking the caller instead would copy its threads and its model (counted again in
-    every child's resident memory). multiprocessing's fork server re-runs the caller's main
-    script in every child, hence this one. Children are this server's, so it reaps them and
-    reports how each ended."""
+    child per file: a fork is far cheaper than a fresh interpreter (docs/hostile-files.md), and
+    forking the caller instead would copy its threads and its model (counted again in every
+    child's resident memory). multiprocessing's fork server re-runs the caller's main script in
+    every child, hence this one. Children are this server's, so it reaps them and reports how
+    each ended."""
 
     def __init__(self) -> None:
         ours, theirs = socket.socketpair()
@@ -212,19 +208,27 @@ def cpu_usage(pid: int) -> tuple[float, bool] | None:
     return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS, runnable
 
 
+def _one(function: Callable, file: Path | str) -> Iterator:
+    """One answer, ``function(file)``, computed when asked for."""
+    yield function(file)
+
+
+# What a decoder computes for each op, called as (file, args, conn, fds, settings): see op_answers.
+OPS: dict[str, Callable[..., Iterator]] = {
+    "probe": lambda file, *_: _one(frame_sampling.probe, file),
+    "load_image": lambda file, *_: _one(stills.load_image, file),
+    "sample": lambda file, args, *_: frame_sampling.sample(file, *args),
+    "frames_at": lambda file, args, *_: frame_sampling.frames_at(file, *args),
+    "live": lambda file, args, conn, fds, settings: streams.live(conn, file, fds[0] if fds else None, settings),
+}
+
+
 def op_answers(op: str, file: Path | str, args: tuple, conn, fds: tuple[int, ...], settings: list) -> Iterator:
     """What a decoder computes for `op` on `file` (checked, or a live source's name), one answer
-    a step: a probe, an image, the samples. The same in a child and in a Decoder that runs in
-    its caller's process (`conn` None there). A live source's sampling arguments arrive in
-    `settings` after its probe."""
-    if op == "sample":
-        return frame_sampling.sample(file, *args)
-    if op == "frames_at":
-        return frame_sampling.frames_at(file, *args)
-    if op == "live":
-        return streams.live(conn, file, fds[0] if fds else None, settings)
-    function = {"probe": frame_sampling.probe, "load_image": stills.load_image}[op]
-    return (function(file) for _ in range(1))  # one answer, computed when asked for
+    a step: a probe, an image, the samples (``OPS``). The same in a child and in a Decoder that
+    runs in its caller's process (`conn` None there). A live source's sampling arguments arrive
+    in `settings` after its probe."""
+    return OPS[op](file, args, conn, fds, settings)
 
 
 class _LogToParent(logging.Handler):
@@ -252,9 +256,6 @@ def _child_main(conn, op: str, file: Path | str, args: tuple, fds: tuple[int, ..
         log.warning("%s: %s", file, " ".join(str(message).split()))
 
     warnings.showwarning = show
-    # The fault stand-in strikes while decoding (sampling or loading), after probing succeeded.
-    fault = os.environ.get(FAULT_ENV, "") if op != "probe" else ""
-    name = Path(str(file)).name
     _, hard = resource.getrlimit(resource.RLIMIT_AS)
     limit = MEMORY_LIMIT_BYTES if hard == resource.RLIM_INFINITY else min(hard, MEMORY_LIMIT_BYTES)
     resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
@@ -269,12 +270,6 @@ def _child_main(conn, op: str, file: Path | str, args: tuple, fds: tuple[int, ..
             if message != "next":
                 return
             started, cpu_started = time.monotonic(), time.process_time()
-            if fault == f"crash:{name}":
-                os.kill(os.getpid(), signal.SIGSEGV)
-            if fault == f"hang:{name}":
-                time.sleep(3600)
-            while fault == f"spin:{name}":
-                pass
             try:
                 answer = next(answers)
             except StopIteration:

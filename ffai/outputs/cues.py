@@ -16,7 +16,7 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Thumbnail:
-    """A small JPEG of one frame a cue's window held (``ffai.outputs.sheet`` makes them)."""
+    """A small JPEG of one frame a cue's window held (``ffai.outputs.thumbnails`` makes them)."""
 
     time_ms: int  # the frame's time, as in ``Cue.frame_times_ms``
     width: int

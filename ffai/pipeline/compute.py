@@ -4,8 +4,8 @@ torch's CPU build runs an op's parallel work on OpenMP, and GNU OpenMP (libgomp)
 thread that starts parallel work a pool of worker threads of its own, kept until that thread
 ends. Once a process's pools hold more threads than it has CPUs, libgomp no longer lets idle
 pool threads spin between parallel regions but puts them to sleep, so every op pays to wake
-them again: on 2 cores a small decode-row op took more than twice as long once a second thread
-held a pool (docs/benchmarks.md, *One compute thread per process*). Hence:
+them again, which slows small ops most (docs/precision-and-speed.md, *One compute thread per
+process*). Hence:
 
 - a process whose stages take turns (``ProcessConfig.serial``) runs every stage function and
   every stage factory (loading weights is parallel work too) on one :class:`ComputeThread`, so

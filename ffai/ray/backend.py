@@ -32,7 +32,7 @@ from typing import Any, Iterator, Sequence
 
 from ffai.errors import FfaiError, UsageError
 from ffai.media import MediaInfo, is_live, is_url, source_label
-from ffai.ray.pool import ACTOR_IN_FLIGHT, START_TIMEOUT_S, ActorPool, Lost, Outcome, cause_line, classify_fault
+from ffai.ray.pool import ACTOR_IN_FLIGHT, ActorPool, Lost, Outcome, cause_line, classify_fault
 from ffai.ray.workers import EngineActor, Failed, WindowResult, decode_input
 from ffai.run import interrupts
 from ffai.run.captioner import Captioner
@@ -263,12 +263,6 @@ class RayBackend:
         model_dir = str(c.model_dir.absolute())  # the actors' working folder is not ours
         return actor_class.remote(list(c.engine.stages()), model_dir, runtime, plan.threads, ACTOR_IN_FLIGHT)
 
-    def wait_for_actors(self, timeout: float = START_TIMEOUT_S) -> int:
-        """Wait up to ``timeout`` seconds for every actor to load; how many are up. A run starts
-        with the first actor and the others join as they load; a caller that wants the whole pool
-        from the first window (the node fault test) calls this first."""
-        return self._started().wait_until_loaded(timeout)
-
     def actors_working(self) -> int:
         """How many actors are up and hold windows right now (the node fault test waits for
         every actor to hold some before it removes a node)."""
@@ -323,7 +317,7 @@ class _Run:
         self.open: list[_Input] = []
         self.generators: dict[Any, tuple[_Input, int]] = {}  # decode task -> (input, attempt)
         self.in_flight = max(backend.options.max_in_flight, ACTOR_IN_FLIGHT * backend.plan.actors)
-        # Inputs decoding at once: enough to keep every actor fed (1 or 3 measured the same here).
+        # Inputs decoding at once: enough to keep every actor fed, and no more (docs/benchmarks.md, *Ray*).
         self.max_open = backend.plan.actors + 1
         self.pool.begin(wanted=lambda tag: not tag[0].finished and tag[2] not in tag[0].results)
         self.options = backend.options

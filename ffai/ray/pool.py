@@ -90,14 +90,6 @@ class ActorPool:
                 )
             self._loaded(ready[0], strict=True)
 
-    def wait_until_loaded(self, timeout: float = START_TIMEOUT_S) -> int:
-        """Wait up to ``timeout`` seconds for every actor to load; how many are up."""
-        if self._starting:
-            ready, _ = self._ray.wait(list(self._starting), num_returns=len(self._starting), timeout=timeout)
-            for ref in ready:
-                self._loaded(ref, strict=True)
-        return sum(1 for slot in self._slots if slot.ready)
-
     def close(self) -> None:
         for slot in self._slots:
             try:

@@ -20,7 +20,8 @@ from ffai.pipeline.config import resolve
 
 # Pieces that come closer together than this go out as one chunk: a reader sees no difference
 # from token by token, and a fast model pays for a chunk's trip through the pipeline (threads,
-# or a worker's queue: about 0.2 ms on 2 cores) every 20 ms instead of at every token.
+# or a worker's queue), which is not free, once an interval instead of at every token
+# (docs/benchmarks.md, *Streaming*).
 CHUNK_INTERVAL_S = 0.02
 
 

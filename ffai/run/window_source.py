@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Callable, Generic, Iterator, TypeVar
 
 from ffai import media
 from ffai.engines.contract import Answer, Request
-from ffai.outputs import sheet
 from ffai.outputs.cues import Cue
+from ffai.outputs.thumbnails import still_thumbnail, window_thumbnails
 from ffai.run.options import CaptionOptions
 from ffai.run.windows import Window, make_windows
 
@@ -88,15 +88,15 @@ def window_request(window: Window, options: CaptionOptions) -> Request:
 
 def window_cue_timing(window: Window, thumbnails: bool = False) -> Cue:
     """A window's cue before its text is known; with ``thumbnails``, pictures of its frames
-    (``ffai.outputs.sheet``), made here where the frames are, so no frame outlives its window."""
-    shots = sheet.window_thumbnails(window.frames) if thumbnails else ()
+    (``ffai.outputs.thumbnails``), made here where the frames are, so no frame outlives its window."""
+    shots = window_thumbnails(window.frames) if thumbnails else ()
     return dataclasses.replace(Cue.from_window(window, ""), thumbnails=shots)
 
 
 def still_cue_timing(thumbnail_of: "Image.Image | None" = None) -> Cue:
     """A still's one cue, at 0, before its text is known; with its picture when
     ``thumbnail_of`` is the still (for the contact sheet)."""
-    shots = (sheet.still_thumbnail(thumbnail_of),) if thumbnail_of is not None else ()
+    shots = (still_thumbnail(thumbnail_of),) if thumbnail_of is not None else ()
     return Cue(index=1, start_ms=0, end_ms=0, frame_times_ms=(0,), text="", thumbnails=shots)
 
 
