@@ -1,5 +1,5 @@
-"""One exception family. Library code raises these with context; only cli.py turns them
-into a one-line ``ffai: error: ...`` message and an exit code."""
+"""One exception family. Library code raises these with context; only the command line
+(``ffai.cli``) turns them into a one-line ``ffai: error: ...`` message and an exit code."""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ from PIL import Image
 import sheet_reader
 from ffai import media
 from ffai.cli import run
-from ffai.outputs import sheet
+from ffai.outputs import sheet, thumbnails
 from ffai.outputs.cues import Cue, TrackHeader
 from ffai.outputs.tracks import open_track, read_json_track
 from sample_media import make_clip
@@ -64,7 +64,7 @@ def tracks(clip, tiny_checkpoint, tmp_path_factory):
     [(1, (0,)), (3, (0, 1, 2)), (4, (0, 1, 2, 3)), (5, (0, 1, 3, 4)), (8, (0, 2, 5, 7)), (16, (0, 5, 10, 15))],
 )
 def test_thumbnails_are_spread_over_the_window(count, picked):
-    assert sheet.thumbnail_indices(count) == picked
+    assert thumbnails.thumbnail_indices(count) == picked
 
 
 def _noise(size: tuple[int, int], seed: int = 0) -> Image.Image:
@@ -74,12 +74,12 @@ def _noise(size: tuple[int, int], seed: int = 0) -> Image.Image:
 
 @pytest.mark.parametrize("size", [(1280, 720), (720, 1280), (200, 113), (3000, 40), (64, 48)])
 def test_a_thumbnail_fits_its_square_and_its_byte_budget(size):
-    thumb = sheet.thumbnail(_noise(size), 1234)
+    thumb = thumbnails.thumbnail(_noise(size), 1234)
     picture = Image.open(io.BytesIO(thumb.jpeg))
     assert picture.format == "JPEG" and picture.size == (thumb.width, thumb.height)
-    assert max(picture.size) <= sheet.THUMB_SIDE and len(thumb.jpeg) <= sheet.THUMB_MAX_BYTES
+    assert max(picture.size) <= thumbnails.THUMB_SIDE and len(thumb.jpeg) <= thumbnails.THUMB_MAX_BYTES
     assert thumb.time_ms == 1234
-    if max(size) <= sheet.THUMB_SIDE and size != (200, 113):  # small frames are never enlarged
+    if max(size) <= thumbnails.THUMB_SIDE and size != (200, 113):  # small frames are never enlarged
         assert picture.size == size
     if size == (1280, 720):  # a landscape frame keeps its shape, THUMB_SIDE wide
         assert picture.size == (200, 113)
@@ -90,7 +90,7 @@ def test_a_thumbnail_of_a_still_in_any_mode(mode):
     image = Image.new("RGBA", (300, 200), (255, 0, 0, 0)).convert(mode) if mode in ("RGBA", "LA") else None
     if image is None:
         image = Image.new("RGB", (300, 200), (10, 120, 240)).convert(mode)
-    thumb = sheet.still_thumbnail(image)
+    thumb = thumbnails.still_thumbnail(image)
     picture = Image.open(io.BytesIO(thumb.jpeg)).convert("RGB")
     assert picture.size == (300, 200)  # under STILL_SIDE: kept
     if mode in ("RGBA", "LA"):  # transparent: shown over white, as the engine composites it
@@ -102,8 +102,8 @@ def test_page_size_for_ten_minutes_at_fps_2_window_8_stays_a_few_mb():
     smooth it: every thumbnail at its byte budget), and long captions: the module's bound,
     whatever the clip shows."""
     frames = [media.Frame(t / 2, _noise((200, 113), seed=t)) for t in range(8)]
-    thumbs = sheet.window_thumbnails(frames)
-    assert len(thumbs) == 4 and all(len(t.jpeg) > 0.8 * sheet.THUMB_MAX_BYTES for t in thumbs)
+    thumbs = thumbnails.window_thumbnails(frames)
+    assert len(thumbs) == 4 and all(len(t.jpeg) > 0.8 * thumbnails.THUMB_MAX_BYTES for t in thumbs)
     cues = [
         Cue(i + 1, i * 4000, (i + 1) * 4000, tuple(range(i * 4000, i * 4000 + 4000, 500)), "w" * 200, thumbnails=thumbs)
         for i in range(150)
@@ -111,7 +111,7 @@ def test_page_size_for_ten_minutes_at_fps_2_window_8_stays_a_few_mb():
     header = TrackHeader("clip.mp4", 600.0, 640, 360, "smolvlm", "m", 2.0, 8, None, 64, None)
     page = sheet.page(header, cues, video="clip.mp4").encode("utf-8")
     per_cue = (len(page) - len(sheet.page(header, [], video="clip.mp4").encode("utf-8"))) / 150
-    assert per_cue <= 4 * 4 / 3 * sheet.THUMB_MAX_BYTES + 1000
+    assert per_cue <= 4 * 4 / 3 * thumbnails.THUMB_MAX_BYTES + 1000
     assert len(page) < 4_500_000, f"{len(page)} bytes, {per_cue:.0f} per cue"
 
 
@@ -135,7 +135,7 @@ def hostile_page(tmp_path: Path) -> tuple[Path, list[Cue]]:
         created="2026-01-01T00:00:00+00:00",
     )
     image = Image.new("RGB", (64, 48), (200, 40, 40))
-    shots = (sheet.thumbnail(image, 0), sheet.thumbnail(image, 1000))
+    shots = (thumbnails.thumbnail(image, 0), thumbnails.thumbnail(image, 1000))
     cues = [
         Cue(1, 0, 2000, (0, 1000), HOSTILE, thumbnails=shots),
         Cue(2, 2000, 4000, (2000, 3000), "a harmless caption\r\nover two lines", thumbnails=shots),
@@ -206,7 +206,7 @@ def test_caption_to_html_shows_every_cue_with_its_frames(tracks, clip):
     assert [c.start_ms for c in cues] == [0, 2520, 5000]  # fps 2, window 5, on this clip's frame times
     assert [len(c.images) for c in page.cards] == [4, 4, 2]
     for card, cue in zip(page.cards, cues):
-        expected_alts = [cue.frame_times_ms[i] for i in sheet.thumbnail_indices(len(cue.frame_times_ms))]
+        expected_alts = [cue.frame_times_ms[i] for i in thumbnails.thumbnail_indices(len(cue.frame_times_ms))]
         assert [i["alt"] for i in card.images] == [f"frame at {sheet.format_timestamp(ms)}" for ms in expected_alts]
         for jpeg, img in zip(card.jpegs(), card.images):
             assert Image.open(io.BytesIO(jpeg)).size == (int(img["width"]), int(img["height"])) == (96, 64)

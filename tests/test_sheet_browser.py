@@ -19,7 +19,7 @@ from PIL import Image
 
 import sheet_reader
 from ffai.cli import run
-from ffai.outputs import sheet
+from ffai.outputs import sheet, thumbnails
 from ffai.outputs.cues import Cue, TrackHeader
 from ffai.outputs.tracks import open_track
 from sample_media import make_clip
@@ -178,7 +178,7 @@ def test_a_still_page_shows_its_picture(browser, tmp_path, tiny_checkpoint):
 
 def write_hostile_page(path: Path) -> str:
     header = TrackHeader(HOSTILE + ".mp4", 2.0, 64, 48, "smolvlm", HOSTILE, 1.0, 2, HOSTILE, 8, None)
-    shot = sheet.thumbnail(Image.new("RGB", (64, 48), (0, 90, 200)), 0)
+    shot = thumbnails.thumbnail(Image.new("RGB", (64, 48), (0, 90, 200)), 0)
     with open_track(str(path), "html", header, overwrite=False) as writer:
         writer.write(Cue(1, 0, 2000, (0, 1000), HOSTILE, thumbnails=(shot,)))
     return path.read_text(encoding="utf-8")

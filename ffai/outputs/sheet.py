@@ -1,10 +1,10 @@
 """The contact sheet (``-f html``): one self-contained page that shows, for every cue, small
 pictures of the frames the model saw and what it said.
 
-What is here: the thumbnails (made where a window's frames are, then carried on the cue, so
-no frame outlives its window) and the page's markup. ``ffai.outputs.tracks.HtmlFormat`` writes the
-page like the other tracks (rebuilt whole and renamed into place after every cue, as json is);
-``ffai.outputs.sheet_build`` makes it again from a JSON track and its source, without a model.
+What is here: the page's markup. The pictures are the cues' thumbnails (``ffai.outputs.thumbnails``
+makes them where a window's frames are; they come here on the cues). ``ffai.outputs.tracks.HtmlFormat``
+writes the page like the other tracks (rebuilt whole and renamed into place after every cue, as json
+is); ``ffai.outputs.sheet_build`` makes it again from a JSON track and its source, without a model.
 
 The page has no external asset and reaches no network: thumbnails are JPEG data URIs, the
 style and the script are inline and named by their hashes in a Content-Security-Policy, so no
@@ -12,11 +12,8 @@ other script (an injected one included) would run even if escaping failed. Every
 outside (captions, paths, prompts, model names) goes through ``html.escape``. A local video
 source is referred to by a path relative to the page; without it the page still reads.
 
-Size: a thumbnail fits a ``THUMB_SIDE`` square and at most ``THUMB_MAX_BYTES`` (JPEG quality
-steps down until it does), at most ``MAX_THUMBS`` per cue, so a cue adds at most about
-``4 * 4/3 * THUMB_MAX_BYTES`` bytes (base64) plus its text: a 10-minute clip at ``--fps 2
---window 8`` (150 cues) stays near 4 MB whatever it shows, and real footage, whose thumbnails
-rarely reach the budget, well under it.
+Size: each cue adds its thumbnails (bounded per cue, ``ffai.outputs.thumbnails``) and its text:
+a 10-minute clip at ``--fps 2 --window 8`` (150 cues) stays near 4 MB whatever it shows.
 """
 
 from __future__ import annotations
@@ -24,74 +21,12 @@ from __future__ import annotations
 import base64
 import hashlib
 import html
-import io
 import os
 import urllib.parse
 from pathlib import Path
 from typing import Sequence
 
-from PIL import Image
-
-from ffai.errors import MediaError
 from ffai.outputs.cues import Cue, Thumbnail, TrackHeader, format_timestamp
-
-MAX_THUMBS = 4  # per cue, spread over its window
-THUMB_SIDE = 200  # px: a video thumbnail fits this square (200 wide for landscape frames)
-STILL_SIDE = 480  # px: a still's one picture may be larger
-THUMB_MAX_BYTES = 5_000  # per video thumbnail (JPEG): the page-size bound of the docstring
-STILL_MAX_BYTES = 60_000
-_QUALITIES = (75, 60, 45, 30, 20)
-
-
-# --- thumbnails ------------------------------------------------------------------------
-
-
-def thumbnail_indices(count: int) -> tuple[int, ...]:
-    """Which of a window's ``count`` frames get a thumbnail: all of up to ``MAX_THUMBS``, else
-    ``MAX_THUMBS`` spread evenly from the first to the last."""
-    if count <= MAX_THUMBS:
-        return tuple(range(count))
-    return tuple(round(i * (count - 1) / (MAX_THUMBS - 1)) for i in range(MAX_THUMBS))
-
-
-def _display_rgb(image: Image.Image) -> Image.Image:
-    """RGB for showing: transparency over white, as the engine composites it for the model, so
-    the thumbnail shows what the model saw; other modes through Pillow's own conversion."""
-    if "A" in image.getbands() or image.info.get("transparency") is not None:
-        rgba = image.convert("RGBA")
-        return Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba).convert("RGB")
-    return image.convert("RGB")
-
-
-def thumbnail(
-    image: Image.Image, time_ms: int, *, side: int = THUMB_SIDE, max_bytes: int = THUMB_MAX_BYTES
-) -> Thumbnail:
-    """A JPEG of ``image`` fitting a ``side`` square (never enlarged), at most ``max_bytes``."""
-    try:
-        rgb = _display_rgb(image)
-    except ValueError as e:  # a mode Pillow cannot convert; the model refuses it too
-        raise MediaError(f"cannot convert a {image.mode} image to RGB: {e}") from e
-    rgb.thumbnail((side, side), Image.Resampling.BICUBIC)
-    while True:
-        for quality in _QUALITIES:
-            buffer = io.BytesIO()
-            rgb.save(buffer, "JPEG", quality=quality, optimize=True)
-            if buffer.tell() <= max_bytes:
-                return Thumbnail(time_ms, rgb.width, rgb.height, buffer.getvalue())
-        # Even the lowest quality is too large (noise-like pictures): smaller, and again.
-        rgb = rgb.resize((max(1, rgb.width * 3 // 4), max(1, rgb.height * 3 // 4)), Image.Resampling.BICUBIC)
-
-
-def window_thumbnails(frames: Sequence) -> tuple[Thumbnail, ...]:
-    """Thumbnails of a window's frames (``ffai.media.Frame``: ``time`` in s, ``image``)."""
-    return tuple(thumbnail(frames[i].image, round(frames[i].time * 1000)) for i in thumbnail_indices(len(frames)))
-
-
-def still_thumbnail(image: Image.Image) -> Thumbnail:
-    return thumbnail(image, 0, side=STILL_SIDE, max_bytes=STILL_MAX_BYTES)
-
-
-# --- the page ---------------------------------------------------------------------------
 
 _STYLE = """
 :root { color-scheme: light dark; --bg: #fafafa; --fg: #1d1d1f; --muted: #5f6368; --card: #fff;

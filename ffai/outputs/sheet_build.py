@@ -1,7 +1,7 @@
 """``ffai sheet``: the contact sheet of a JSON track made again from its source, without a model.
 
 The track gives the cues and the run's header; the source is decoded once, in time order, for
-the frames the thumbnails show (``ffai.outputs.sheet``), and the page is written as a caption run
+the frames the thumbnails show (``ffai.outputs.thumbnails``), and the page is written as a caption run
 writes it (``ffai.outputs.tracks``' html track, through the same atomic sink).
 """
 
@@ -15,7 +15,7 @@ from typing import IO, Iterator, Sequence
 
 from ffai.errors import FfaiError
 from ffai.outputs.cues import Cue, Thumbnail, TrackHeader, creation_time
-from ffai.outputs.sheet import still_thumbnail, thumbnail, thumbnail_indices
+from ffai.outputs.thumbnails import still_thumbnail, thumbnail, thumbnail_indices
 from ffai.outputs.tracks import check_output, open_track, read_json_track
 
 # JSON tracks hold frame times rounded to whole milliseconds: the frame they name is within
