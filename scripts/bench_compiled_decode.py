@@ -1,4 +1,4 @@
-"""Decode ms/token of SmolVLM's text tower, eager and compiled (ffai/engines/smolvlm/compiled_decode.py),
+"""Decode ms/token of SmolVLM's text tower, eager and compiled (ffai/kit/compiled_decode.py),
 every arm in one process, one step of each in turn, beside the memory floor and llama.cpp.
 
     python scripts/bench_compiled_decode.py [--threads 1,2] [--tokens 32] [--model DIR]
@@ -52,7 +52,7 @@ from pathlib import Path
 
 import torch
 
-from ffai.engines.smolvlm import compiled_decode
+from ffai.kit import compiled_decode
 
 WEIGHT_BYTES = {"float32": 4, "bfloat16": 2, "int8": 1}
 
@@ -89,7 +89,7 @@ def main() -> int:
 
 def run(args, threads: int) -> int:
     from ffai.bench import checkpoints
-    from ffai.engines.smolvlm.weights import weight_files
+    from ffai.kit.loading import weight_files
 
     torch.set_num_threads(threads)
     path = Path(args.model) if args.model else checkpoints.checkpoint("real")
@@ -153,26 +153,25 @@ def run(args, threads: int) -> int:
 
 
 def load(path: Path, dtype: str):
-    from ffai.engines.smolvlm.precision import plan_precision
-    from ffai.engines.smolvlm.weights import load_model
+    from ffai.engines.smolvlm.stages import STAGES
 
-    return load_model(path, plan_precision(dtype, "cpu"), parts=("text",))
+    return STAGES.load_model(path, STAGES.precision(dtype, "cpu"), parts=("text",))
 
 
 def start(model, ids: torch.Tensor, length: int) -> tuple:
     """A cache of ``length`` positions filled by the prompt's prefill, and the first token."""
-    from ffai.engines.smolvlm.generate import prefill
+    from ffai.kit.generate import Prompt, prefill
 
     cache = model.text.new_cache(1, length)
-    logits = prefill(model, model.text.embed_tokens(ids), cache)
+    logits = prefill(model.text, Prompt(model.text.embed(ids)), cache)
     return cache, [int(logits.argmax(-1))]
 
 
 def step(model, tokens: list[int], pos: int, cache) -> torch.Tensor:
     """One greedy step at ``pos``: its token appended to ``tokens``, its logits returned."""
-    from ffai.engines.smolvlm.generate import decode_one_token
+    from ffai.kit.generate import decode_one_token
 
-    logits = decode_one_token(model, torch.tensor([tokens[-1]]), torch.tensor([pos]), cache)
+    logits = decode_one_token(model.text, torch.tensor([tokens[-1]]), pos, pos, cache)
     tokens.append(int(logits.argmax(-1)))
     return logits
 
@@ -180,7 +179,7 @@ def step(model, tokens: list[int], pos: int, cache) -> torch.Tensor:
 def alone(args, path: Path, arm: str) -> int:
     """``arm`` alone: peak RSS after the load (and the compiled step's package load) and after
     decoding, or (``--profile``) the ops that took the steps' time."""
-    from ffai.engines.smolvlm.weights import weight_files
+    from ffai.kit.loading import weight_files
 
     dtype = arm.split("+")[0]
     ids = torch.randint(0, 49152, (1, args.prompt), generator=torch.Generator().manual_seed(0))

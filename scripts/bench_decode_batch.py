@@ -35,7 +35,7 @@ def project(hs: list, weight, bias, schedule: str) -> list:
     import torch
     import torch.nn.functional as F
 
-    from ffai.engines.smolvlm.layers import linear
+    from ffai.kit.linears import linear
 
     if schedule == "stacked" and len(hs) > 1:
         return list(F.linear(torch.cat(hs), weight, bias).split(1))
@@ -44,10 +44,10 @@ def project(hs: list, weight, bias, schedule: str) -> list:
 
 def layer_step(layer, xs: list, seqs: list, schedule: str) -> list:
     """One decoder layer for every sequence, in the schedule's order; each sequence's arithmetic
-    is the engine's (``text.DecoderLayer``), which the bit-equality with ``serial`` checks."""
+    is the kit's (``ffai.kit.text_tower.DecoderLayer``), which the bit-equality with ``serial`` checks."""
     import torch.nn.functional as F
 
-    from ffai.engines.smolvlm.text import apply_rope
+    from ffai.kit.rope import apply_rope
 
     attn, mlp = layer.self_attn, layer.mlp
     h, kv, hd = attn.n_heads, attn.n_kv, attn.head_dim
@@ -58,7 +58,7 @@ def layer_step(layer, xs: list, seqs: list, schedule: str) -> list:
         qkv = qkv.view(1, 1, h + 2 * kv, hd)
         q, k = apply_rope(qkv[:, :, : h + kv].transpose(1, 2), *seq["rope"]).split([h, kv], dim=1)
         v = qkv[:, :, h + kv :].transpose(1, 2)
-        k, v = seq["cache"].update(attn.layer, seq["slot"], k, v, seq["end"])
+        k, v = seq["cache"].update(attn.layer, seq["slot"], k, v)
         ys.append(attn._attend(q, k, v).transpose(1, 2).reshape(1, 1, -1))
     xs = [x + o for x, o in zip(xs, project(ys, attn.o_proj.weight, attn.o_proj.bias, schedule))]
     normed = [layer.post_attention_layernorm(x) for x in xs]
@@ -69,16 +69,13 @@ def layer_step(layer, xs: list, seqs: list, schedule: str) -> list:
 
 def step(tower, xs: list, seqs: list, schedule: str) -> list:
     """One decode step for every sequence -> each sequence's (1, 1, vocab) logits."""
-    import torch
-
-    if schedule == "serial":  # the engine's own forward, one sequence after another
-        return [tower(x, torch.tensor([seq["pos"]]), seq["cache"]) for x, seq in zip(xs, seqs)]
+    if schedule == "serial":  # the tower's own forward, one sequence after another
+        return [
+            tower(x, tower.rope_rows(seq["pos"], seq["pos"] + 1), slice(seq["pos"], seq["pos"] + 1), seq["cache"])
+            for x, seq in zip(xs, seqs)
+        ]
     for seq in seqs:
-        seq["rope"], seq["slot"] = (
-            tower._rope_rows(seq["pos"], seq["pos"] + 1, xs[0]),
-            slice(seq["pos"], seq["pos"] + 1),
-        )
-        seq["end"] = seq["pos"] + 1
+        seq["rope"], seq["slot"] = tower.rope_rows(seq["pos"], seq["pos"] + 1), slice(seq["pos"], seq["pos"] + 1)
     for layer in tower.layers:
         xs = layer_step(layer, xs, seqs, schedule)
     return project([tower.norm(x) for x in xs], tower.lm_head.weight, None, schedule)

@@ -20,13 +20,13 @@ from ffai.errors import FfaiError
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", choices=checkpoints.KINDS, required=True)
+    parser.add_argument("--config", choices=checkpoints.WRITER.kinds, required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", choices=TENSOR_DTYPES, default="float32")
     args = parser.parse_args(argv)
     try:
-        path = checkpoints.write_checkpoint(args.config, args.out, seed=args.seed, dtype=args.dtype)
+        path = checkpoints.WRITER.write(args.config, args.out, seed=args.seed, dtype=args.dtype)
     except FfaiError as e:
         print(f"make_checkpoint: error: {e}", file=sys.stderr)
         return 1

@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     config = config_2b()
-    model = checkpoints.build_model(config, args.seed)
+    model = checkpoints.WRITER.build_model(config, args.seed)
     count = sum(p.numel() for p in model.parameters())
     if count != PARAMETERS:
         print(f"make_smolvlm2_2b_checkpoint: error: {count} parameters, not {PARAMETERS}", file=sys.stderr)

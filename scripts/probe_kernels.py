@@ -1,4 +1,4 @@
-"""Checks the kernel rules (ffai/engines/smolvlm/kernels.py) against this CPU: each of torch's
+"""Checks the kernel rules (ffai/engines/smolvlm/precision.py) against this CPU: each of torch's
 candidate kernels timed on SmolVLM2-256M-Video's linear shapes, by shape class (a tile's 1024
 rows, a prefill's rows, one decode row), beside the kind the int8 and bfloat16 plans choose here.
 
@@ -18,10 +18,9 @@ import time
 import torch
 import torch.nn.functional as F
 
-from ffai.engines.smolvlm import kernels
-from ffai.engines.smolvlm.precision import onednn_bf16, plan_precision
-from ffai.kit import host
-from ffai.kit.opt_in_linears import OneDnnInt8Linear, PackedBf16Linear, QuantizedLinear, RowScaledLinear
+from ffai.engines.smolvlm.precision import plan_precision
+from ffai.kit import host, linear_kinds
+from ffai.kit.opt_in_linears import OneDnnInt8Linear, PackedBf16Linear, QuantizedLinear, RowScaledLinear, onednn_bf16
 
 # (layer name as the plan knows it, in, out) for each shape class's rows.
 VISION = (
@@ -51,16 +50,16 @@ def best_ms(fn, repeats: int) -> float:
 
 
 def candidates(weight: torch.Tensor, flags: frozenset[str], bf16: bool) -> dict:
-    reduce_range = not flags & kernels.INT8_FULL_RANGE_FLAGS
+    reduce_range = not flags & linear_kinds.INT8_FULL_RANGE_FLAGS
     out = {"float32": lambda x: F.linear(x, weight)}
-    out[kernels.INT8] = QuantizedLinear(weight, None, reduce_range=reduce_range)
-    # oneDNN's int8 is exact only where its sums do not saturate (VNNI, AMX): kernels.py.
-    if torch.backends.mkldnn.is_available() and flags & kernels.INT8_FULL_RANGE_FLAGS:
-        out[kernels.INT8_ONEDNN] = OneDnnInt8Linear(weight, None)
+    out[linear_kinds.INT8] = QuantizedLinear(weight, None, reduce_range=reduce_range)
+    # oneDNN's int8 is exact only where its sums do not saturate (VNNI, AMX): linear_kinds.py.
+    if torch.backends.mkldnn.is_available() and flags & linear_kinds.INT8_FULL_RANGE_FLAGS:
+        out[linear_kinds.INT8_ONEDNN] = OneDnnInt8Linear(weight, None)
     rows_dtype = torch.bfloat16 if bf16 else torch.float32
-    out[kernels.INT8_BY_ROW] = RowScaledLinear(weight, None, rows_dtype=rows_dtype)
+    out[linear_kinds.INT8_BY_ROW] = RowScaledLinear(weight, None, rows_dtype=rows_dtype)
     if bf16:
-        out[kernels.BF16_ONEDNN] = PackedBf16Linear(weight, None)
+        out[linear_kinds.BF16_ONEDNN] = PackedBf16Linear(weight, None)
     return out
 
 
@@ -78,7 +77,7 @@ def main() -> int:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     cpu = host.cpu_info()
-    bf16 = onednn_bf16() and kernels.native_bf16_flags(cpu.flags)
+    bf16 = onednn_bf16() and host.native_bf16(cpu.flags)
     int8_plan, bf16_plan = plan_precision("int8", "cpu"), plan_precision("bfloat16", "cpu")
     print(f"{cpu.model}; flags {' '.join(sorted(cpu.flags & set(host.RELEVANT_FLAGS)))}")
     print(f"torch {torch.__version__}, {args.threads} thread(s), ms per call (best of {args.repeats})")

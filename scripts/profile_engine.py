@@ -98,7 +98,7 @@ def run_ours(model, item, n: int) -> tuple[dict, list[int], int]:
     t3 = time.perf_counter()
     stages = {"preprocess": t1 - t0, "vision": t2 - t1}
     stages.update(_text_stages(clock.starts, t2, t3, n))
-    return stages, tokens, encoded.image_embeds.shape[0]
+    return stages, tokens, encoded.visual.shape[0]
 
 
 def run_reference(ref, processor, images, split: bool, n: int) -> tuple[dict, list[int]]:
@@ -147,28 +147,26 @@ def profile_decode(path: Path, dtype: str, threads: int, n: int) -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from ffai.engines.smolvlm.generate import decode_one_token, prefill
-    from ffai.engines.smolvlm.precision import plan_precision
-    from ffai.engines.smolvlm.weights import load_model
+    from ffai.engines.smolvlm.stages import STAGES
+    from ffai.kit.generate import Prompt, decode_one_token, prefill
 
     torch.set_num_threads(threads)
-    model = load_model(path, plan_precision(dtype, "cpu"), parts=("text",))
+    text = STAGES.load_model(path, STAGES.precision(dtype, "cpu"), parts=("text",)).text
     prompt = 200
     with torch.inference_mode():
-        x = model.text.embed_tokens(torch.randint(0, model.cfg.text.vocab_size, (1, prompt)))
-        cache = model.text.reserve_cache(1, prompt + 2 * n + 4)
-        token = prefill(model, x, cache).argmax(-1)
-        positions = torch.arange(cache.max_len)
+        x = text.embed(torch.randint(0, text.cfg.vocab_size, (1, prompt)))
+        cache = text.reserve_cache(1, prompt + 2 * n + 4)
+        token = prefill(text, Prompt(x), cache).argmax(-1)
         for i in range(4):  # one-off kernel and buffer set-up
-            decode_one_token(model, token, positions[prompt + i : prompt + i + 1], cache)
+            decode_one_token(text, token, prompt + i, prompt + i, cache)
         walls = []
         for i in range(4, 4 + n):
             start = time.perf_counter()
-            decode_one_token(model, token, positions[prompt + i : prompt + i + 1], cache)
+            decode_one_token(text, token, prompt + i, prompt + i, cache)
             walls.append(time.perf_counter() - start)
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             for i in range(4 + n, 4 + 2 * n):
-                decode_one_token(model, token, positions[prompt + i : prompt + i + 1], cache)
+                decode_one_token(text, token, prompt + i, prompt + i, cache)
     ops = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
     print(f"decode step, {dtype}, {threads} thread(s), {n} steps after a {prompt}-token prefill")
     print(f"{'op':<52}{'calls/step':>11}{'self ms/step':>14}")
@@ -198,7 +196,7 @@ def main() -> int:
 
     from ffai.bench import checkpoints
     from ffai.engines.contract import RuntimeOptions
-    from ffai.engines.smolvlm.bench.checkpoints import reference_model, reference_processor
+    from ffai.engines.smolvlm.bench.checkpoints import WRITER
     from ffai.run.inline import InlineEngine
 
     torch.set_num_threads(args.threads)
@@ -207,8 +205,8 @@ def main() -> int:
         profile_decode(path, args.decode_ops, args.threads, args.tokens)
         return 0
     model = InlineEngine.load("smolvlm", path, RuntimeOptions(threads=args.threads, device="cpu"))
-    ref = reference_model(path, attention=args.reference_attention)
-    processor = reference_processor(path)
+    ref = WRITER.reference_model(path, attention=args.reference_attention)
+    processor = WRITER.reference_processor(path)
     print(
         f"checkpoint {path.name}, torch {torch.__version__}, {args.threads} thread(s), "
         f"reference attention: {ref.config._attn_implementation}"

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from ffai.bench import checkpoints
-from ffai.engines.smolvlm.bench.checkpoints import reference_model, reference_processor
+from ffai.engines.smolvlm.bench.checkpoints import WRITER
 
 # Started from a shell's background job (`bash .ci/run &` without job control), this process has
 # SIGINT ignored, and so would every ffai it starts: the Ctrl-C tests need it delivered.
@@ -38,9 +38,7 @@ def real_checkpoint() -> Path:
 def qwen3vl_tiny() -> Path:
     """Qwen3-VL's tiny random-weight checkpoint (4 vision blocks, 3 text layers) with the real
     tokenizer, chat template and processor files (``ffai.engines.qwen3vl.bench.checkpoints``)."""
-    from ffai.engines.qwen3vl.bench.checkpoints import cached_checkpoint
-
-    return cached_checkpoint("tiny")
+    return checkpoints.checkpoint("tiny", "qwen3-vl")
 
 
 @pytest.fixture(scope="session")
@@ -48,7 +46,7 @@ def reference_loader():
     """``load(checkpoint) -> (transformers model, processor)``, each loaded once per session."""
 
     def load(path: Path):
-        return reference_model(path), reference_processor(path)
+        return WRITER.reference_model(path), WRITER.reference_processor(path)
 
     return load
 

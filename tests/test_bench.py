@@ -13,7 +13,6 @@ from ffai.bench.cli import BenchOptions, parse_cases
 from ffai.bench.hooks import hooks_for
 from ffai.engines.contract import EngineInfo
 from ffai.engines.smolvlm.bench import checkpoints as smolvlm_checkpoints
-from ffai.engines.smolvlm.bench.probes import text_weights
 from ffai.errors import ModelError, UsageError
 
 # Registers the bench under the app if ffai/cli.py does not yet, then runs the CLI.
@@ -25,6 +24,11 @@ if not any(g.name == "bench" for g in cli.app.registered_groups):
     cli.app.add_typer(bench_app, name="bench")
 sys.exit(cli.run(["bench", "vlm", *sys.argv[1:]]))
 """
+
+
+def text_weights(folder) -> int:
+    """How many weights SmolVLM's text tower and LM head hold: the decode floor's numerator."""
+    return hooks_for("smolvlm").decode_weights(folder)
 
 
 def run(arm: str, time_s: float, tokens: dict, rss: int = 100) -> dict:
@@ -289,7 +293,6 @@ def test_precision_figures_on_the_tiny_checkpoint(tiny_checkpoint):
 
     net = InlineEngine.load("smolvlm", tiny_checkpoint, RuntimeOptions(device="cpu"))["text"].net
     assert text_weights(tiny_checkpoint) == sum(p.numel() for p in net.text.parameters())
-    assert hooks_for("smolvlm").decode_weights(tiny_checkpoint) == text_weights(tiny_checkpoint)
     assert [agreement.weight_bytes(d) for d in ("float32", "bfloat16", "int8")] == [4, 2, 1]
     floor = agreement.decode_floor(text_weights(tiny_checkpoint), "int8", 2e9)
     assert floor == {"bytes": text_weights(tiny_checkpoint), "bandwidth_gb_s": 2.0, "ms": floor["ms"]}
@@ -374,8 +377,10 @@ def test_checkpoint_key_follows_the_writer_kind_seed_and_dtype(tmp_path, monkeyp
     with pytest.raises(ValueError, match="unknown checkpoint kind 'huge' for engine 'smolvlm'"):
         checkpoints.checkpoint_key("huge")
     # SmolVLM's fingerprint (what its writer's output depends on) follows the seed and the dtype.
-    prints = {smolvlm_checkpoints.fingerprint(*args) for args in [("tiny",), ("tiny", 1), ("tiny", 0, "bfloat16")]}
-    assert len(prints) == 3 and smolvlm_checkpoints.fingerprint("tiny") in prints
+    prints = {
+        smolvlm_checkpoints.WRITER.fingerprint(*args) for args in [("tiny",), ("tiny", 1), ("tiny", 0, "bfloat16")]
+    }
+    assert len(prints) == 3 and smolvlm_checkpoints.WRITER.fingerprint("tiny") in prints
     # The writer's own code is hashed: an edit to the module, even a comment, is a new folder.
     edited = tmp_path / "checkpoints.py"
     edited.write_text(open(smolvlm_checkpoints.__file__, encoding="utf-8").read() + "# edited\n", encoding="utf-8")

@@ -32,7 +32,8 @@ def test_cpuinfo_of_other_cpus():
     assert amx.fast_dtypes() == ("float32", "int8", "bfloat16")
     arm = host.parse_cpuinfo(GRAVITON3)
     assert set(arm.relevant_flags) == {"asimddp", "i8mm", "bf16"} and arm.known
-    assert arm.fast_dtypes() == ("float32", "int8", "bfloat16")
+    # int8 runs on fbgemm, which torch builds for x86 only.
+    assert arm.fast_dtypes() == ("float32", "bfloat16")
     old = host.parse_cpuinfo(SSE_ONLY)
     assert old.fast_dtypes() == ("float32",)
     # No flags line at all: nothing is known, so nothing is called slow.

@@ -15,10 +15,12 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
+from ffai.bench import checkpoints
+from ffai.bench.writer import release_references
 from ffai.cli import run
 from ffai.engines import registry
 from ffai.engines.contract import DecodingOptions
-from ffai.engines.qwen3vl.bench.checkpoints import cached_checkpoint, reference_model, reference_processor
+from ffai.engines.qwen3vl.bench.checkpoints import WRITER
 from ffai.engines.qwen3vl.bench.reference import reference_inputs
 from ffai.engines.qwen3vl.engine import ENGINE, frame_budget_factor, processor_config
 from ffai.engines.qwen3vl.preprocess import PREPROCESSOR_FILE
@@ -64,10 +66,12 @@ def reference_answer(model_dir: Path, images, times, span, options: DecodingOpti
     """transformers' greedy answer to what ffai asks, as the bench's reference arm asks it."""
     import torch
 
-    processor = reference_processor(model_dir)
+    processor = WRITER.reference_processor(model_dir)
     inputs = reference_inputs(processor, model_dir, images, times, span, options)
     with torch.inference_mode():
-        out = reference_model(model_dir).generate(**inputs, max_new_tokens=options.max_new_tokens, do_sample=False)
+        out = WRITER.reference_model(model_dir).generate(
+            **inputs, max_new_tokens=options.max_new_tokens, do_sample=False
+        )
     return processor.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
 
 
@@ -134,14 +138,16 @@ def test_still_equals_reference(capsys, qwen3vl_tiny, still):
 
 
 def test_compile_asked_of_qwen3vl_is_one_warning_and_the_same_answer(capsys, qwen3vl_tiny, still):
-    """The engine compiles nothing: ``--compile`` says so once and the int8 answer is the eager one."""
+    """The kit's compiled step does not normalise q and k per head, as Qwen3's tower does: ``--compile``
+    says so once and the int8 answer is the eager one."""
     args = ["--model", str(qwen3vl_tiny), "-i", str(still), "--max-new-tokens", str(TOKENS), "--dtype", "int8"]
     code, eager, err = caption(capsys, *args)
     assert code == 0, err
     code, compiled, err = caption(capsys, *args, "--compile")
     assert code == 0 and compiled == eager and eager.strip()
     assert [line for line in err.splitlines() if "--compile" in line] == [
-        "ffai: warning: --compile: the qwen3-vl engine compiles nothing; it runs uncompiled"
+        "ffai: warning: --compile: this text tower normalises q and k per head, which the compiled step does "
+        "not; the int8 decode step runs uncompiled"
     ], err
 
 
@@ -316,7 +322,7 @@ def test_cli_text_equals_reference_at_2b_shapes(capsys, tmp_path, still):
 
     from ffai import media
 
-    model = cached_checkpoint("2b")
+    model = checkpoints.checkpoint("2b", "qwen3-vl")
     options = DecodingOptions(max_new_tokens=32)
     window = tmp_path / "window.json"
     flags = ["--engine", "qwen3-vl", "--model", str(model), "--max-new-tokens", "32"]
@@ -335,4 +341,4 @@ def test_cli_text_equals_reference_at_2b_shapes(capsys, tmp_path, still):
     assert cue["text"] == expected.strip()
     with Image.open(still) as image:
         assert still_text.strip() == reference_answer(model, [image.convert("RGB")], None, None, options).strip()
-    reference_model.cache_clear()
+    release_references()

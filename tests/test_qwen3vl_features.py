@@ -122,7 +122,7 @@ def narrower_text_mlp(config: dict) -> None:
     [
         (
             "shards disagree with config",
-            ["model-00001-of-00002.safetensors: tensor model.language_model.layers.", "config.json says", "96"],
+            ["model-00001-of-00002.safetensors: tensor model.language_model.layers.", "has shape", "96"],
         ),
         ("shards without their index", ["no model.safetensors and no model.safetensors.index.json"]),
         ("smolvlm model on qwen3-vl", ["smolvlm-demo.toml: ", "--engine smolvlm"]),

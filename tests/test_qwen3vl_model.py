@@ -18,19 +18,18 @@ import pytest
 import torch
 from PIL import Image
 
+from ffai.bench import checkpoints
+from ffai.bench.writer import release_references
 from ffai.engines.contract import DecodingOptions
-from ffai.engines.qwen3vl import generate as G
-from ffai.engines.qwen3vl.bench.checkpoints import (
-    REFERENCE_DIR,
-    cached_checkpoint,
-    reference_model,
-    reference_processor,
-)
+from ffai.engines.qwen3vl.bench.checkpoints import REFERENCE_DIR, WRITER
 from ffai.engines.qwen3vl.config import ModelConfig
 from ffai.engines.qwen3vl.model import Visual
-from ffai.engines.qwen3vl.rope import rope_index
-from ffai.engines.qwen3vl.weights import INDEX_FILE, SINGLE_FILE, load_model
+from ffai.engines.qwen3vl.rope import rope_index, rope_rows
+from ffai.engines.qwen3vl.stages import STAGES
 from ffai.errors import EngineError, ModelError
+from ffai.kit.generate import decode_one_token, prefill
+from ffai.kit.loading import INDEX_FILE, SINGLE_FILE
+from kit_calls import generate_from
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -40,17 +39,17 @@ N_TOKENS = 32
 
 @pytest.fixture(scope="module")
 def tiny():
-    return cached_checkpoint("tiny")
+    return checkpoints.checkpoint("tiny", "qwen3-vl")
 
 
 @pytest.fixture(scope="module")
 def reference(tiny):
-    return reference_model(tiny), reference_processor(tiny)
+    return WRITER.reference_model(tiny), WRITER.reference_processor(tiny)
 
 
 @pytest.fixture(scope="module")
 def ours(tiny):
-    return load_model(tiny)
+    return STAGES.load_model(tiny)
 
 
 def _prompt(processor, kinds: list[str]) -> str:
@@ -123,12 +122,14 @@ def test_rope_positions_and_prefill_logits_equal(reference, ours, case):
     expected, expected_delta = ref.model.get_rope_index(
         inputs["input_ids"], inputs["mm_token_type_ids"], inputs.get("image_grid_thw"), inputs.get("video_grid_thw")
     )
-    ids, positions, delta, (x, deepstack) = G.prompt_state(ours, inputs["input_ids"], images, videos)
+    positions, delta = ours.positions(inputs["input_ids"], images, videos)
     assert torch.equal(positions, expected)
     assert delta == int(expected_delta)
     with torch.no_grad():
         want = ref(**inputs, logits_to_keep=1).logits[:, -1]
-    got = G.prefill(ours, x, positions, ours.text.new_cache(1, ids.shape[1]), deepstack)
+    prompt = ours.prompt_of(inputs["input_ids"], images, videos)
+    assert prompt.delta == delta
+    got = prefill(ours.text, prompt, ours.text.new_cache(1, prompt.length))
     assert torch.equal(got, want)
 
 
@@ -138,7 +139,7 @@ def test_greedy_tokens_identical(reference, ours, case):
     inputs = processor_inputs(processor, case)
     images, videos = encode_all(ours, inputs)
     options = DecodingOptions(max_new_tokens=N_TOKENS, force_new_tokens=True)
-    got = G.generate(ours, inputs["input_ids"], images, videos, options, STOP_IDS)
+    got = generate_from(ours, inputs["input_ids"], images, videos, options=options, stop_ids=STOP_IDS)
     with torch.no_grad():
         out = ref.generate(**inputs, do_sample=False, max_new_tokens=N_TOKENS, min_new_tokens=N_TOKENS)
     assert got == out[0, inputs["input_ids"].shape[1] :].tolist()
@@ -149,18 +150,21 @@ def test_cached_decoding_equals_recomputing(reference, ours):
     _, processor = reference
     inputs = processor_inputs(processor, "video8")
     images, videos = encode_all(ours, inputs)
-    tokens = G.generate(ours, inputs["input_ids"], images, videos, DecodingOptions(max_new_tokens=12), STOP_IDS)
+    tokens = generate_from(
+        ours, inputs["input_ids"], images, videos, options=DecodingOptions(max_new_tokens=12), stop_ids=STOP_IDS
+    )
     assert len(tokens) == 12  # random weights: no stop token in the first 12
-    ids, positions, delta, (x, deepstack) = G.prompt_state(ours, inputs["input_ids"], images, videos)
-    prompt_len = ids.shape[1]
+    prompt = ours.prompt_of(inputs["input_ids"], images, videos)
+    positions, delta = ours.positions(inputs["input_ids"], images, videos)
+    prompt_len = prompt.length
     new = torch.tensor(tokens[:-1])
-    x = torch.cat([x, ours.text.embed(new[None])], dim=1)  # (1, T + 11, D)
+    x = torch.cat([prompt.embeds, ours.text.embed(new[None])], dim=1)  # (1, T + 11, D)
     later = (torch.arange(prompt_len, prompt_len + len(new)) + delta).expand(3, -1)
-    rope = G.rope_rows(ours, torch.cat([positions[:, 0], later], dim=1), x.dtype)
-    mask, features = deepstack
+    rope = rope_rows(torch.cat([positions[:, 0], later], dim=1), ours.cfg.text, ours.cfg.mrope_section, x.dtype)
+    mask, features = prompt.inject
     mask = torch.cat([mask, torch.zeros(1, len(new), dtype=torch.bool)], dim=1)
     with torch.no_grad():
-        logits = ours.text(x, rope, slice(0, x.shape[1]), None, deepstack=(mask, features))
+        logits = ours.text(x, rope, slice(0, x.shape[1]), None, inject=(mask, features))
     assert logits[0, prompt_len - 1 :].argmax(-1).tolist() == tokens
 
 
@@ -169,24 +173,27 @@ def test_stop_ids_end_the_answer_and_sampling_is_seeded(reference, ours):
     inputs = processor_inputs(processor, "still")
     images, _ = encode_all(ours, inputs)
     ids = inputs["input_ids"]
-    tokens = G.generate(ours, ids, images, None, DecodingOptions(max_new_tokens=8), STOP_IDS)
+    tokens = generate_from(ours, ids, images, None, options=DecodingOptions(max_new_tokens=8), stop_ids=STOP_IDS)
     stop = tokens[5]
     first = tokens.index(stop)
-    assert G.generate(ours, ids, images, None, DecodingOptions(max_new_tokens=8), [stop]) == tokens[:first]
+    assert (
+        generate_from(ours, ids, images, None, options=DecodingOptions(max_new_tokens=8), stop_ids=[stop])
+        == tokens[:first]
+    )
     sampled = DecodingOptions(max_new_tokens=8, temperature=0.7, top_k=20, top_p=0.8, seed=3)
-    runs = [G.generate(ours, ids, images, None, sampled, STOP_IDS) for _ in range(2)]
+    runs = [generate_from(ours, ids, images, None, options=sampled, stop_ids=STOP_IDS) for _ in range(2)]
     assert runs[0] == runs[1]
 
 
 def test_parts_load_alone_and_agree(tiny, reference, ours):
     _, processor = reference
     inputs = processor_inputs(processor, "still")
-    vision, text = load_model(tiny, parts=("vision",)), load_model(tiny, parts=("text",))
+    vision, text = STAGES.load_model(tiny, parts=("vision",)), STAGES.load_model(tiny, parts=("text",))
     assert vision.text is None and text.visual is None
     images = vision.encode(inputs["pixel_values"], inputs["image_grid_thw"])
     options = DecodingOptions(max_new_tokens=6)
-    expected = G.generate(ours, inputs["input_ids"], *encode_all(ours, inputs), options, STOP_IDS)
-    assert G.generate(text, inputs["input_ids"], images, None, options, STOP_IDS) == expected
+    expected = generate_from(ours, inputs["input_ids"], *encode_all(ours, inputs), options=options, stop_ids=STOP_IDS)
+    assert generate_from(text, inputs["input_ids"], images, None, options=options, stop_ids=STOP_IDS) == expected
     with pytest.raises(EngineError, match="without its vision part"):
         text.encode(inputs["pixel_values"], inputs["image_grid_thw"])
 
@@ -196,7 +203,14 @@ def test_prompt_and_pixels_that_disagree_are_refused(reference, ours):
     inputs = processor_inputs(processor, "still")
     images, _ = encode_all(ours, inputs)
     with pytest.raises(EngineError, match="a run of 48 image tokens at position 4 does not match its grid"):
-        G.generate(ours, inputs["input_ids"][:, :-40], images, None, DecodingOptions(max_new_tokens=2), STOP_IDS)
+        generate_from(
+            ours,
+            inputs["input_ids"][:, :-40],
+            images,
+            None,
+            options=DecodingOptions(max_new_tokens=2),
+            stop_ids=STOP_IDS,
+        )
     with pytest.raises(EngineError, match="hold .* patches"):
         ours.encode(inputs["pixel_values"][:-4], inputs["image_grid_thw"])
     with pytest.raises(EngineError, match="more image grids"):
@@ -208,11 +222,11 @@ def test_prompt_and_pixels_that_disagree_are_refused(reference, ours):
 
 def test_config_reads_the_hub_layout_and_the_written_one(tiny, reference):
     hub = ModelConfig.from_dir(REFERENCE_DIR)  # rope_theta beside rope_scaling
-    assert (hub.text.rope_theta, hub.text.mrope_section) == (5e6, (24, 20, 20))
+    assert (hub.text.rope_theta, hub.mrope_section) == (5e6, (24, 20, 20))
     assert hub.vision.deepstack_visual_indexes == (5, 11, 17) and hub.tie_word_embeddings
     assert (hub.text.num_hidden_layers, hub.text.num_key_value_heads, hub.vision.grid_side) == (28, 8, 48)
     cfg, ref = ModelConfig.from_dir(tiny), reference[0].config  # rope_parameters, as transformers 5.x writes
-    assert cfg.text.mrope_section == tuple(ref.text_config.rope_parameters["mrope_section"])
+    assert cfg.mrope_section == tuple(ref.text_config.rope_parameters["mrope_section"])
     assert cfg.text.rope_theta == ref.text_config.rope_parameters["rope_theta"]
     assert cfg.vision.deepstack_visual_indexes == tuple(ref.vision_config.deepstack_visual_indexes)
     assert (cfg.text.rms_norm_eps, cfg.video_token_id) == (ref.text_config.rms_norm_eps, ref.video_token_id)
@@ -270,7 +284,7 @@ def tiny_tensors(tiny):
 
 def test_shards_load_as_one_checkpoint(tiny, tiny_tensors, ours, tmp_path):
     _folder(tiny, tmp_path, tiny_tensors, shards=2)
-    sharded = load_model(tmp_path)
+    sharded = STAGES.load_model(tmp_path)
     for (name, a), (_, b) in zip(ours.state_dict().items(), sharded.state_dict().items()):
         assert torch.equal(a, b), name
 
@@ -281,9 +295,9 @@ def test_shards_load_as_one_checkpoint(tiny, tiny_tensors, ours, tmp_path):
         ("drop_shard", "shard missing \\(named by model.safetensors.index.json\\)"),
         ("drop_index", "no model.safetensors and no model.safetensors.index.json"),
         ("index_lies", "lacks tensor .* that model.safetensors.index.json places there"),
-        ("wrong_shape", "tensor model.visual.pos_embed.weight has shape \\[35, 32\\], config.json says \\[36, 32\\]"),
-        ("extra", "tensor model.visual.extra.weight is not part of a Qwen3-VL model"),
-        ("missing", "checkpoint is missing tensor\\(s\\) for text.layers.2.mlp.down_proj.weight"),
+        ("wrong_shape", "tensor model.visual.pos_embed.weight has shape \\[35, 32\\], expected \\[36, 32\\]"),
+        ("extra", "tensor model.visual.extra.weight has no place in the model"),
+        ("missing", "checkpoint is missing tensor\\(s\\) model.language_model.layers.2.mlp.down_proj.weight"),
     ],
 )
 def test_bad_checkpoint_is_one_line_naming_the_file(tiny, tiny_tensors, tmp_path, damage, message):
@@ -306,7 +320,7 @@ def test_bad_checkpoint_is_one_line_naming_the_file(tiny, tiny_tensors, tmp_path
         index["weight_map"][name] = next(s for s in shards if s != index["weight_map"][name])
         (tmp_path / INDEX_FILE).write_text(json.dumps(index))
     with pytest.raises(ModelError, match=message) as info:
-        load_model(tmp_path, parts=("vision",))
+        STAGES.load_model(tmp_path, parts=("vision",))
     assert str(info.value).startswith(str(tmp_path)) and "\n" not in str(info.value)
 
 
@@ -319,12 +333,12 @@ def test_bfloat16_agrees_with_float32(tiny, reference, ours):
 
     _, processor = reference
     inputs = processor_inputs(processor, "video8")
-    half = load_model(tiny, "bfloat16")
+    half = STAGES.load_model(tiny, STAGES.precision("bfloat16"))
     figures = {}
     for name, model in (("float32", ours), ("bfloat16", half)):
         _, videos = encode_all(model, inputs)
-        ids, positions, _, (x, deepstack) = G.prompt_state(model, inputs["input_ids"], None, videos)
-        logits = G.prefill(model, x, positions, model.text.new_cache(1, ids.shape[1]), deepstack)
+        prompt = model.prompt_of(inputs["input_ids"], None, videos)
+        logits = prefill(model.text, prompt, model.text.new_cache(1, prompt.length))
         figures[name] = (videos.embeds, *videos.deepstack, logits)
     agreement = [cosine(a, b) for a, b in zip(*figures.values())]
     print(f"bfloat16 vs float32 cosines (tokens, deepstack..., logits): {[round(c, 6) for c in agreement]}")
@@ -343,19 +357,18 @@ def test_bfloat16_cache_is_read_by_decode_steps_only(ours, reference):
     _, processor = reference
     inputs = processor_inputs(processor, "video8")
     _, videos = encode_all(ours, inputs)
-    ids, positions, delta, (x, deepstack) = G.prompt_state(ours, inputs["input_ids"], None, videos)
+    prompt = ours.prompt_of(inputs["input_ids"], None, videos)
     tokens = torch.tensor([[5], [9], [2], [7]])
     steps = {}
     try:
         for dtype in (None, torch.bfloat16):
             ours.text.cache_dtype = dtype
-            cache = ours.text.new_cache(1, ids.shape[1] + len(tokens))
+            cache = ours.text.new_cache(1, prompt.length + len(tokens))
             with torch.no_grad():
-                logits = [G.prefill(ours, x, positions, cache, deepstack)]
+                logits = [prefill(ours.text, prompt, cache)]
                 for i, token in enumerate(tokens):
-                    slot = ids.shape[1] + i
-                    rope = G.rope_rows(ours, torch.tensor([slot + delta]).expand(3, -1), ours.text.dtype)
-                    logits.append(G.decode_one_token(ours, token, slot, rope, cache))
+                    slot = prompt.length + i
+                    logits.append(decode_one_token(ours.text, token, slot, slot + prompt.delta, cache))
             assert cache.k[0].dtype == (dtype or torch.float32)
             steps[dtype] = logits
     finally:
@@ -399,29 +412,29 @@ def test_real_2b_shapes_bit_equal():
     import gc
     import time
 
-    path = cached_checkpoint("2b")
-    processor = reference_processor(path)
+    path = checkpoints.checkpoint("2b", "qwen3-vl")
+    processor = WRITER.reference_processor(path)
     cases = {case: _real_inputs(processor, case) for case in ("still", "video8")}
     options = DecodingOptions(max_new_tokens=N_TOKENS, force_new_tokens=True)
     got, want, seconds = {}, {}, {}
     start = time.perf_counter()
-    model = load_model(path)
+    model = STAGES.load_model(path)
     seconds["ours load"] = time.perf_counter() - start
     for case, inputs in cases.items():
         start = time.perf_counter()
         images, videos = encode_all(model, inputs)
-        ids, positions, _, (x, deepstack) = G.prompt_state(model, inputs["input_ids"], images, videos)
-        logits = G.prefill(model, x, positions, model.text.new_cache(1, ids.shape[1]), deepstack)
+        prompt = model.prompt_of(inputs["input_ids"], images, videos)
+        logits = prefill(model.text, prompt, model.text.new_cache(1, prompt.length))
         seconds[f"ours {case} features+prefill"] = time.perf_counter() - start
         start = time.perf_counter()
-        tokens = G.generate(model, inputs["input_ids"], images, videos, options, STOP_IDS)
+        tokens = generate_from(model, inputs["input_ids"], images, videos, options=options, stop_ids=STOP_IDS)
         seconds[f"ours {case} generate"] = time.perf_counter() - start
         visual = images or videos
         got[case] = (visual.embeds, visual.deepstack, logits, tokens)
-    del model, images, videos, x, deepstack, visual
+    del model, images, videos, prompt, visual
     gc.collect()
     start = time.perf_counter()
-    ref = reference_model(path)
+    ref = WRITER.reference_model(path)
     seconds["reference load"] = time.perf_counter() - start
     for case, inputs in cases.items():
         key = "pixel_values" if case == "still" else "pixel_values_videos"
@@ -437,7 +450,7 @@ def test_real_2b_shapes_bit_equal():
         seconds[f"reference {case} generate"] = time.perf_counter() - start
         tokens = out[0, inputs["input_ids"].shape[1] :].tolist()
         want[case] = (visual.pooler_output, tuple(visual.deepstack_features), logits, tokens)
-    reference_model.cache_clear()
+    release_references()
     print({k: round(v, 1) for k, v in seconds.items()})
     for case in cases:
         (embeds, deepstack, logits, tokens), (r_embeds, r_deepstack, r_logits, r_tokens) = got[case], want[case]
@@ -461,27 +474,29 @@ def test_real_2b_bfloat16_agreement():
     from ffai.bench.agreement import cosine
     from ffai.bench.gates import COSINE_MIN
 
-    path = cached_checkpoint("2b")
-    processor = reference_processor(path)
+    path = checkpoints.checkpoint("2b", "qwen3-vl")
+    processor = WRITER.reference_processor(path)
     cases = {case: _real_inputs(processor, case) for case in ("still", "video8")}
     options = DecodingOptions(max_new_tokens=9, force_new_tokens=True)
     outputs, seconds = {}, {}
     for dtype in ("float32", "bfloat16"):
-        model = load_model(path, dtype)
+        model = STAGES.load_model(path, STAGES.precision(dtype))
         for case, inputs in cases.items():
             start = time.perf_counter()
             images, videos = encode_all(model, inputs)
-            ids, positions, _, (x, deepstack) = G.prompt_state(model, inputs["input_ids"], images, videos)
-            logits = G.prefill(model, x, positions, model.text.new_cache(1, ids.shape[1]), deepstack)
+            prompt = model.prompt_of(inputs["input_ids"], images, videos)
+            logits = prefill(model.text, prompt, model.text.new_cache(1, prompt.length))
             first = time.perf_counter() - start
             stamps = []
             clock = functools.partial(lambda into, _token: into.append(time.perf_counter()), stamps)
-            G.generate(model, inputs["input_ids"], images, videos, options, STOP_IDS, clock)
+            generate_from(
+                model, inputs["input_ids"], images, videos, options=options, stop_ids=STOP_IDS, on_token=clock
+            )
             per_token = (stamps[-1] - stamps[0]) / (len(stamps) - 1)
             seconds[f"{dtype} {case}"] = (round(first, 1), round(per_token, 2))
             visual = images or videos
             outputs[dtype, case] = (visual.embeds, *visual.deepstack, logits)
-        del model, images, videos, visual, x, deepstack
+        del model, images, videos, visual, prompt
         gc.collect()
     print("seconds (features + prefill, per decoded token):", seconds)
     for case in cases:

@@ -11,42 +11,32 @@ import pytest
 import torch
 
 from cpu_samples import AVX2_ONLY, EPYC_ZEN4, SAPPHIRE_RAPIDS, SSE_ONLY
-from ffai.bench import cases
+from ffai.bench import cases, checkpoints
 from ffai.bench.agreement import cosine
 from ffai.bench.gates import COSINE_MIN
-from ffai.engines.qwen3vl import generate as G
-from ffai.engines.qwen3vl import precision
-from ffai.engines.qwen3vl.bench.checkpoints import cached_checkpoint
 from ffai.engines.qwen3vl.engine import ENGINE
-from ffai.engines.qwen3vl.precision import (
-    BF16_ONEDNN,
-    FLOAT32,
-    INT8,
-    INT8_BY_ROW,
-    INT8_ONEDNN,
-    PLAIN,
-    int8_linears,
-    onednn_bf16,
-    plan_precision,
-)
-from ffai.engines.qwen3vl.weights import load_model
+from ffai.engines.qwen3vl.precision import int8_linears, plan_precision
+from ffai.engines.qwen3vl.stages import STAGES
 from ffai.errors import UsageError
 from ffai.kit import host
-from ffai.kit.opt_in_linears import PackedBf16Linear, QuantizedLinear, RowScaledLinear
+from ffai.kit import precision as kit_precision
+from ffai.kit.generate import prefill
+from ffai.kit.linear_kinds import BF16_ONEDNN, FLOAT32, INT8, INT8_BY_ROW, INT8_ONEDNN, PLAIN
+from ffai.kit.opt_in_linears import PackedBf16Linear, QuantizedLinear, RowScaledLinear, onednn_bf16
 
 NATIVE_BF16 = onednn_bf16()
 QKV, PROJ_EARLY = "visual.blocks.7.attn.qkv", "visual.blocks.2.attn.proj"
 MERGER, DEEPSTACK = "visual.merger.linear_fc1", "visual.deepstack_merger_list.1.linear_fc2"
 Q, Q_EARLY, DOWN, HEAD = (
-    "text.layers.9.self_attn.q_proj",
-    "text.layers.3.mlp.up_proj",
+    "text.layers.9.self_attn.qkv",
+    "text.layers.3.mlp.gate_up",
     "text.layers.9.mlp.down_proj",
     "text.lm_head",
 )
 
 
 def kinds(dtype: str, cpuinfo: str) -> dict[str, str]:
-    plan = plan_precision(dtype, host.parse_cpuinfo(cpuinfo))
+    plan = plan_precision(dtype, cpu=host.parse_cpuinfo(cpuinfo))
     return {n: plan.linear(n) for n in (QKV, PROJ_EARLY, MERGER, DEEPSTACK, Q, Q_EARLY, DOWN, HEAD)}
 
 
@@ -64,17 +54,17 @@ def test_int8_plan_on_amx_and_zen4():
         HEAD: INT8,  # fbgemm's one-row kernel
     }
     assert kinds("int8", EPYC_ZEN4) == amx
-    plan = plan_precision("int8", host.parse_cpuinfo(EPYC_ZEN4))
-    assert not plan.reduce_range and plan.rows_dtype == torch.bfloat16 and plan.weights == torch.float32
+    plan = plan_precision("int8", cpu=host.parse_cpuinfo(EPYC_ZEN4))
+    assert not plan.int8.reduce_range and plan.int8.rows_dtype == torch.bfloat16 and plan.weights == torch.float32
     # The cache bfloat16 in both opt-in dtypes where it is native; float32's stays exact.
     for dtype, cache in (("int8", torch.bfloat16), ("bfloat16", torch.bfloat16), ("float32", None)):
-        assert plan_precision(dtype, host.parse_cpuinfo(EPYC_ZEN4)).kv_cache == cache
+        assert plan_precision(dtype, cpu=host.parse_cpuinfo(EPYC_ZEN4)).kv_cache == cache
 
 
 def test_int8_plan_on_avx2_only():
-    plan = plan_precision("int8", host.parse_cpuinfo(AVX2_ONLY))
-    assert plan.reduce_range and plan.rows_dtype == torch.float32  # 16-bit sums saturate; no native bf16
-    assert plan.kv_cache is None and plan_precision("bfloat16", host.parse_cpuinfo(AVX2_ONLY)).kv_cache is None
+    plan = plan_precision("int8", cpu=host.parse_cpuinfo(AVX2_ONLY))
+    assert plan.int8.reduce_range and plan.int8.rows_dtype == torch.float32  # 16-bit sums saturate; no native bf16
+    assert plan.kv_cache is None and plan_precision("bfloat16", cpu=host.parse_cpuinfo(AVX2_ONLY)).kv_cache is None
     assert kinds("int8", AVX2_ONLY) == {
         QKV: INT8,
         PROJ_EARLY: FLOAT32,
@@ -113,7 +103,7 @@ def test_ffai_engines_reports_the_plans_kernels(monkeypatch):
     AMX named only with AMX-BF16, the vision attention bfloat16 only there), AVX2 alone (the wide
     blocks float32, 7-bit fbgemm tiles, float32 rows); int8 for throughput wherever the CPU has an
     int8 dot product, float32 with neither."""
-    monkeypatch.setattr(precision, "onednn_bf16", lambda device="cpu": True)  # the plan by the flags alone
+    monkeypatch.setattr(kit_precision, "onednn_bf16", lambda device="cpu": True)  # the plan by the flags alone
     labels = {
         SAPPHIRE_RAPIDS: ["vision tower (blocks, mergers)", "first 4 text layers", "LM head", "other text linears"],
         AVX2_ONLY: ["first 4 vision blocks", "first 4 text layers", "patch mergers, text MLP down projections"],
@@ -123,13 +113,13 @@ def test_ffai_engines_reports_the_plans_kernels(monkeypatch):
     for text, expected in labels.items():
         flags = host.parse_cpuinfo(text).flags
         report = ENGINE.kernels(flags)
-        assert report["throughput_dtype"] == "int8"
-        assert report["dtypes"]["float32"] == [
+        assert host.parse_cpuinfo(text).throughput_dtype() == "int8"
+        assert report["float32"] == [
             {"layers": "every linear", "kernel": "float32, torch's default", "why": "the exact path"}
         ]
         for dtype in ("int8", "bfloat16"):
-            plan = plan_precision(dtype, host.parse_cpuinfo(text))
-            *linears, attention = report["dtypes"][dtype]
+            plan = plan_precision(dtype, cpu=host.parse_cpuinfo(text))
+            *linears, attention = report[dtype]
             kinds = [k for _, k in plan.linears] + ([PLAIN] if dtype == "bfloat16" and len(plan.linears) == 1 else [])
             assert len(linears) == len(kinds), (text, dtype)
             for group, kind in zip(linears, kinds):
@@ -138,31 +128,29 @@ def test_ffai_engines_reports_the_plans_kernels(monkeypatch):
                 assert ("(AMX)" in group["kernel"]) is (kind == BF16_ONEDNN and "amx_bf16" in flags)
                 assert ("7-bit" in group["kernel"]) is (kind == INT8 and text == AVX2_ONLY), group
             assert attention["layers"] == "vision attention"
-            assert attention["kernel"].startswith("bfloat16" if plan.vision_attention == torch.bfloat16 else "float32")
-        assert [g["layers"] for g in report["dtypes"]["int8"]] == [*expected, "vision attention"]
-        assert report["dtypes"]["int8"][-1]["kernel"].startswith("bfloat16" if text == SAPPHIRE_RAPIDS else "float32")
+            assert attention["kernel"].startswith("bfloat16" if plan.attention.dtype == torch.bfloat16 else "float32")
+        assert [g["layers"] for g in report["int8"]] == [*expected, "vision attention"]
+        assert report["int8"][-1]["kernel"].startswith("bfloat16" if text == SAPPHIRE_RAPIDS else "float32")
     # The report reads the flags; the plan asks torch too, and on a torch without oneDNN's bfloat16
     # takes the other recipe: the report says so where it names bfloat16.
     amx = host.parse_cpuinfo(SAPPHIRE_RAPIDS).flags
-    assert "torch's oneDNN" in ENGINE.kernels(amx)["dtypes"]["int8"][0]["why"]
-    monkeypatch.setattr(precision, "onednn_bf16", lambda device="cpu": False)
-    plan = plan_precision("int8", host.parse_cpuinfo(SAPPHIRE_RAPIDS))
-    assert plan.linears == int8_linears(amx, False) and plan.vision_attention is None
+    assert "torch's oneDNN" in ENGINE.kernels(amx)["int8"][0]["why"]
+    monkeypatch.setattr(kit_precision, "onednn_bf16", lambda device="cpu": False)
+    plan = plan_precision("int8", cpu=host.parse_cpuinfo(SAPPHIRE_RAPIDS))
+    assert plan.linears == int8_linears(amx, False) and plan.attention.dtype is None
     assert plan.linear(QKV) == INT8_ONEDNN and plan.linear(PROJ_EARLY) == FLOAT32  # AMX-INT8 tiles, wide blocks
-    assert ENGINE.kernels(host.parse_cpuinfo(SSE_ONLY).flags)["throughput_dtype"] == "float32"
+    assert host.parse_cpuinfo(SSE_ONLY).throughput_dtype() == "float32"
 
 
 def test_int8_on_cuda_is_refused_in_one_line():
-    from ffai.engines.qwen3vl.precision import device_for
-
     with pytest.raises(UsageError, match="--dtype int8 runs on the CPU only"):
-        device_for("int8", "cuda")
-    assert device_for("int8", "auto") == "cpu"
+        plan_precision("int8", "cuda")
+    assert plan_precision("int8", "auto").device == "cpu"
 
 
 @pytest.fixture(scope="module")
 def exact(qwen3vl_tiny):
-    return load_model(qwen3vl_tiny)
+    return STAGES.load_model(qwen3vl_tiny)
 
 
 @pytest.fixture(scope="module")
@@ -176,10 +164,11 @@ def features_and_logits(model, prepared) -> list[torch.Tensor]:
     from ffai.engines.qwen3vl.preprocess import pixel_values
 
     with torch.inference_mode():
-        visual = model.encode(pixel_values(prepared.pictures, prepared.processor), prepared.pictures.grid_thw)
+        values = pixel_values(prepared.pictures, prepared.processor)
+        visual = model.encode(values, prepared.pictures.grid_thw, video=prepared.video)
         images, videos = (None, visual) if prepared.video else (visual, None)
-        ids, positions, _, (x, deepstack) = G.prompt_state(model, prepared.input_ids, images, videos)
-        logits = G.prefill(model, x, positions, model.text.new_cache(1, ids.shape[1]), deepstack)
+        prompt = model.prompt_of(prepared.input_ids, images, videos)
+        logits = prefill(model.text, prompt, model.text.new_cache(1, prompt.length))
     return [visual.embeds, *visual.deepstack, logits]
 
 
@@ -189,9 +178,9 @@ def test_every_kind_builds_and_agrees_on_the_tiny_checkpoint(qwen3vl_tiny, exact
     here only the first layer of each is wide: every kind of the plan is built from the file with
     no float32 copy left, and the features and prefill logits keep the gate's cosine with float32.
     AVX2's recipe (fbgemm's 7-bit tiles, float32 rows) runs here too: its kernels exist on any x86."""
-    plan = plan_precision(dtype, None if cpuinfo is None else host.parse_cpuinfo(cpuinfo))
+    plan = plan_precision(dtype, cpu=None if cpuinfo is None else host.parse_cpuinfo(cpuinfo))
     plan = dataclasses.replace(plan, linears=tuple((p.replace("[0-3]", "0"), k) for p, k in plan.linears))
-    model = load_model(qwen3vl_tiny, dtype, precision=plan)
+    model = STAGES.load_model(qwen3vl_tiny, plan)
     for name, module in model.named_modules():
         kind = plan.linear(name)
         if isinstance(module, torch.nn.Linear):
@@ -232,12 +221,12 @@ def test_real_2b_opt_in_dtypes_hold_their_gates():
 
     from ffai.engines.qwen3vl.stages import Preprocessor
 
-    path = cached_checkpoint("2b")
+    path = checkpoints.checkpoint("2b", "qwen3-vl")
     pre = Preprocessor(path)
     inputs = {c: pre(cases.items(c)[0].request(cases.decoding())) for c in ("frame", "still")}
     outputs = {}
     for dtype in ("float32", "int8", "bfloat16"):
-        model = load_model(path, dtype)
+        model = STAGES.load_model(path, STAGES.precision(dtype))
         outputs[dtype] = {c: features_and_logits(model, p) for c, p in inputs.items()}
         del model
         gc.collect()

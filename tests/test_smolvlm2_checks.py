@@ -51,7 +51,7 @@ def test_smolvlm2_500m_config_reads_with_the_references_defaults():
     cfg = ModelConfig.from_dir(V2_DATA)
     assert cfg.model_type == "smolvlm"
     # intermediate_size and num_hidden_layers are not in the file: Idefics3VisionConfig's defaults
-    assert (cfg.vision.hidden_size, cfg.vision.intermediate_size, cfg.vision.num_hidden_layers) == (768, 3072, 12)
+    assert (cfg.vision.hidden_size, cfg.vision.intermediate_size, cfg.vision.num_layers) == (768, 3072, 12)
     assert (cfg.text.hidden_size, cfg.text.num_hidden_layers, cfg.image_seq_len) == (960, 32, 64)
 
 

@@ -21,9 +21,9 @@ import pytest
 import torch
 
 from ffai.bench import cases, checkpoints
+from ffai.bench.engine_hooks import prefill_logits
 from ffai.engines.contract import DecodingOptions, Request, RuntimeOptions
 from ffai.engines.smolvlm import ENGINE
-from ffai.engines.smolvlm.bench.probes import prefill_logits
 from ffai.engines.smolvlm.bench.reference import ReferenceArm, reference_inputs
 from ffai.engines.smolvlm.preprocess import normalise
 from ffai.run.inline import InlineEngine
@@ -65,7 +65,7 @@ def check_request(model, ref, processor, model_dir, request: Request) -> dict:
     assert prepared.input_ids == inputs["input_ids"][0].tolist()
     encoded = model["vision"](prepared)
     theirs, ref_embeds = reference_generate(ref, inputs, n=N_NEW)
-    assert torch.equal(encoded.image_embeds.reshape(ref_embeds.shape), ref_embeds)
+    assert torch.equal(encoded.visual.reshape(ref_embeds.shape), ref_embeds)
     want = reference_logits(ref, inputs, ref_embeds)[0, -1]
     assert float((prefill_logits(model, encoded) - want).abs().max()) <= LOGITS_ABS_TOL
     ours = model["text"].generate_ids(encoded)

@@ -1,4 +1,4 @@
-"""int8's compiled decode step (ffai/engines/smolvlm/compiled_decode.py) on the tiny checkpoint: its
+"""int8's compiled decode step (ffai/kit/compiled_decode.py) on SmolVLM's tiny checkpoint: its
 logits agree with the eager step's, fed the same tokens, above the int8 gate with the issue's
 margin (it sums float32 rows, or quantises them to 8 bits for fbgemm's kernel, where eager
 multiplies bfloat16 rows, so tokens may part at near ties), and so does the module it is
@@ -32,15 +32,15 @@ import torch
 
 from ffai import messages
 from ffai.engines.contract import DecodingOptions, RuntimeOptions
-from ffai.engines.smolvlm import compiled_decode
-from ffai.engines.smolvlm.generate import decode_one_token, generate, prefill
-from ffai.engines.smolvlm.kernels import compiled_row_kernel
-from ffai.engines.smolvlm.loading import load_weights
-from ffai.engines.smolvlm.precision import BF16_ONEDNN, FLOAT32, INT8, INT8_BY_ROW, onednn_bf16, plan_precision
-from ffai.engines.smolvlm.weights import load_model, weight_files
+from ffai.engines.smolvlm.precision import plan_precision
+from ffai.engines.smolvlm.stages import STAGES
 from ffai.errors import UsageError
-from ffai.kit import host
-from ffai.kit.opt_in_linears import PackedBf16Linear, QuantizedLinear
+from ffai.kit import compiled_decode, host
+from ffai.kit.generate import Prompt, decode_one_token, prefill
+from ffai.kit.linear_kinds import BF16_ONEDNN, FLOAT32, INT8, INT8_BY_ROW, compiled_row_kernel
+from ffai.kit.loading import weight_files
+from ffai.kit.opt_in_linears import PackedBf16Linear, QuantizedLinear, onednn_bf16
+from kit_calls import generate_from
 
 pytestmark = [
     pytest.mark.usefixtures("two_torch_threads"),
@@ -66,7 +66,7 @@ def load(path: Path, *, compiled: bool, wide: bool = False):
     if wide:  # the first layer wider, as the real plan's first four
         linears = ((r"text\.layers\.0\.", BF16_ONEDNN), *linears)
     plan = dataclasses.replace(plan_precision("int8", "cpu"), linears=linears)
-    net = load_model(path, plan, parts=("text",))
+    net = STAGES.load_model(path, plan, parts=("text",))
     if compiled:
         compiled_decode.attach(net.text, weight_files(path), "int8")
     return net
@@ -76,7 +76,7 @@ def tokens(path: Path, *options: DecodingOptions, compiled: bool) -> list[list[i
     """The tokens of one load for each of ``options``, in order."""
     net = load(path, compiled=compiled)
     with torch.inference_mode():
-        return [generate(net, PROMPT, None, o, stop_ids=[]) for o in options]
+        return [generate_from(net, PROMPT, None, options=o, stop_ids=[]) for o in options]
 
 
 def fed(net, ids: list[int], cache=None) -> list[torch.Tensor]:
@@ -84,11 +84,9 @@ def fed(net, ids: list[int], cache=None) -> list[torch.Tensor]:
     ``cache`` (default: a new one just long enough)."""
     cache = net.text.new_cache(1, len(PROMPT) + len(ids)) if cache is None else cache
     with torch.inference_mode():
-        prefill(net, net.embed(torch.tensor([PROMPT]), None), cache)
-        return [
-            decode_one_token(net, torch.tensor([t]), torch.tensor([len(PROMPT) + i]), cache).float()
-            for i, t in enumerate(ids)
-        ]
+        prefill(net.text, Prompt(net.embed(torch.tensor([PROMPT]), None)), cache)
+        slots = range(len(PROMPT), len(PROMPT) + len(ids))
+        return [decode_one_token(net.text, torch.tensor([t]), s, s, cache).float() for s, t in zip(slots, ids)]
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +98,7 @@ def compiled_home(tmp_path_factory, tiny_checkpoint):
         with messages.collect() as said:
             net = load(tiny_checkpoint, compiled=True)
             with torch.inference_mode():
-                greedy = generate(net, PROMPT, None, GREEDY, stop_ids=[])
+                greedy = generate_from(net, PROMPT, None, options=GREEDY, stop_ids=[])
     return home, net, greedy, said
 
 
@@ -137,7 +135,9 @@ def load_bf16(path: Path, *, compiled: bool):
     """bfloat16's plan with the tiny tower's first layer float32 and the rest packed bfloat16, as
     the real plan's first four and later layers."""
     linears = ((r"text\.layers\.0\.", FLOAT32), (r".", BF16_ONEDNN))
-    net = load_model(path, dataclasses.replace(plan_precision("bfloat16", "cpu"), linears=linears), parts=("text",))
+    net = STAGES.load_model(
+        path, dataclasses.replace(plan_precision("bfloat16", "cpu"), linears=linears), parts=("text",)
+    )
     if compiled:
         compiled_decode.attach(net.text, weight_files(path), "bfloat16")
     return net
@@ -161,7 +161,7 @@ def test_the_bfloat16_step_agrees_and_holds_each_weight_once(tiny_checkpoint, tm
     assert {m.packed.data_ptr() for m in packed} <= held
     eager_net = load_bf16(tiny_checkpoint, compiled=False)
     with torch.inference_mode():
-        (ids,) = [generate(eager_net, PROMPT, None, GREEDY, stop_ids=[])]
+        (ids,) = [generate_from(eager_net, PROMPT, None, options=GREEDY, stop_ids=[])]
     eager, compiled = fed(eager_net, ids), fed(net, ids)
     cosines = [float(torch.nn.functional.cosine_similarity(a, b, dim=-1)) for a, b in zip(compiled, eager)]
     assert min(cosines) >= 0.9995, cosines  # the bfloat16 gate
@@ -183,9 +183,8 @@ def test_a_bfloat16_step_that_fails_gives_the_layers_their_reordered_weights_bac
     assert packed and all(m.packed.is_mkldnn for m in packed)
     eager_net = load_bf16(tiny_checkpoint, compiled=False)
     with torch.inference_mode():
-        assert generate(net, PROMPT, None, GREEDY, stop_ids=[]) == generate(
-            eager_net, PROMPT, None, GREEDY, stop_ids=[]
-        )
+        compiled = generate_from(net, PROMPT, None, options=GREEDY, stop_ids=[])
+        assert compiled == generate_from(eager_net, PROMPT, None, options=GREEDY, stop_ids=[])
 
 
 @pytest.mark.skipif(not onednn_bf16(), reason="the wide layers are bfloat16 where oneDNN has native bfloat16")
@@ -199,8 +198,8 @@ def test_the_steps_module_agrees_with_the_eager_step_over_a_wide_layer(tiny_chec
     step = compiled_decode.FrozenStep(net.text, head=True, kernel=kernel).eval()
     assert {m.kind for m in step.modules() if isinstance(m, compiled_decode.FrozenLinear)} == {"bf16", kernel}
 
-    def frozen(x, pos, cache):  # in CompiledDecode's place: the package's inputs, the module run eagerly
-        return step(x, pos, *net.text._rope_rows(int(pos[0]), int(pos[0]) + 1, x), list(cache.k), list(cache.v))
+    def frozen(x, slot, rope, cache):  # in CompiledDecode's place: the package's inputs, the module run eagerly
+        return step(x, torch.tensor([slot]), *rope, list(cache.k), list(cache.v))
 
     net.text.compiled_decode = frozen
     stepped = fed(net, ids)
@@ -234,8 +233,8 @@ def test_a_fresh_load_reads_the_package_and_serves_a_longer_cache(compiled_home,
     net = load(tiny_checkpoint, compiled=True)
     long = DecodingOptions(max_new_tokens=300, force_new_tokens=True)
     with messages.collect() as said, torch.inference_mode():
-        assert generate(net, PROMPT, None, GREEDY, stop_ids=[]) == greedy  # a cache of 256 positions
-        longer = generate(net, PROMPT, None, long, stop_ids=[])  # one of 512: the cache is replaced
+        assert generate_from(net, PROMPT, None, options=GREEDY, stop_ids=[]) == greedy  # a cache of 256 positions
+        longer = generate_from(net, PROMPT, None, options=long, stop_ids=[])  # one of 512: the cache is replaced
     assert said == []  # no compile note
     assert net.text.compiled_decode.runner is not None and net.text.compiled_decode.load_s < 2
     assert sorted(p.relative_to(folder) for p in folder.rglob("*")) == before  # nothing compiled again
@@ -328,10 +327,10 @@ def test_loading_attaches_the_step_only_where_asked(tiny_checkpoint, monkeypatch
     # The tiny plan's two text layers are among the wider first four: nothing compiles.
     monkeypatch.setenv("FFAI_HOME", str(tmp_path))
     with messages.collect() as said:
-        net = load_weights(tiny_checkpoint, RuntimeOptions(dtype=dtype, device="cpu", compile=asked), parts=("text",))
+        net = STAGES.load(tiny_checkpoint, RuntimeOptions(dtype=dtype, device="cpu", compile=asked), parts=("text",))
     assert (net.text.compiled_decode is not None) is asked
     # Asked for, a step that cannot be had is one warning.
     assert [m.level for m in said] == (["warning"] if asked else [])
     if asked:
         assert "uncompiled" in said[0].text and "nothing is compiled" in said[0].text or not onednn_bf16()
-    assert not any((tmp_path / "compiled").glob("smolvlm-decode-*"))
+    assert not any((tmp_path / "compiled").glob("decode-*"))

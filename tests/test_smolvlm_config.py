@@ -13,17 +13,23 @@ import torch.nn.functional as F
 
 from ffai.engines.smolvlm.bench import checkpoints
 from ffai.engines.smolvlm.config import ModelConfig
-from ffai.engines.smolvlm.precision import FLOAT32, onednn_bf16, plan_precision
-from ffai.engines.smolvlm.weights import (
-    WEIGHT_NAMES,
-    checkpoint_name,
-    kept_in_float32,
-    load_model,
-    model_tensor,
-    slots,
-)
+from ffai.engines.smolvlm.precision import plan_precision
+from ffai.engines.smolvlm.stages import STAGES
+from ffai.engines.smolvlm.weights import NAMES
 from ffai.errors import ModelError
 from ffai.kit import tensor_files as safetensors_reads
+from ffai.kit.linear_kinds import FLOAT32
+from ffai.kit.loading import model_tensor as tensor_of
+from ffai.kit.loading import param_dtypes, slots
+from ffai.kit.opt_in_linears import onednn_bf16
+from kit_calls import tower
+
+load_model = STAGES.load_model
+
+
+def model_tensor(model, name: str):
+    return tensor_of(model, NAMES, name)
+
 
 REAL_CONFIG = checkpoints.REFERENCE_DIR / "config.json"
 
@@ -37,7 +43,7 @@ def real_dict() -> dict:
 
 def test_real_config_values():
     cfg = ModelConfig.from_dir(REAL_CONFIG.parent)
-    assert (cfg.vision.hidden_size, cfg.vision.num_hidden_layers, cfg.vision.patch_size) == (768, 12, 16)
+    assert (cfg.vision.hidden_size, cfg.vision.num_layers, cfg.vision.patch_size) == (768, 12, 16)
     assert (cfg.vision.image_size, cfg.vision.hidden_act, cfg.vision.layer_norm_eps) == (512, "gelu_pytorch_tanh", 1e-6)
     t = cfg.text
     assert (t.hidden_size, t.num_hidden_layers, t.num_attention_heads, t.num_key_value_heads) == (576, 30, 9, 3)
@@ -212,7 +218,7 @@ def variant_tied_biased() -> dict:
 
 
 def save_reference(config: dict, out: Path, seed: int = 0):
-    ref = checkpoints.build_model(config, seed)
+    ref = checkpoints.WRITER.build_model(config, seed)
     ref.save_pretrained(out, safe_serialization=True)
     return ref
 
@@ -250,7 +256,7 @@ def test_other_shapes_match_reference(variant, tmp_path):
         assert ours.shape == (2, cfg.image_seq_len, cfg.text.hidden_size)
         assert rel_err(ours.reshape(theirs.shape), theirs) <= 1e-5
         want = ref(input_ids=ids, pixel_values=pixels, pixel_attention_mask=mask).logits
-        got = model.text(model.embed(ids, ours), torch.arange(ids.shape[1]))
+        got = tower(model.text, model.embed(ids, ours))
     assert (got - want).abs().max() <= 1e-4
 
 
@@ -298,9 +304,9 @@ def test_saved_names_match_the_table_both_ways(tiny_checkpoint):
     with safe_open(str(tiny_checkpoint / "model.safetensors"), "pt") as f:
         saved = set(f.keys())
     model = load_model(tiny_checkpoint)
-    expected = [checkpoint_name(target) for target in slots(model)]
+    expected = [NAMES.checkpoint_name(target) for target in slots(model)]
     assert saved == set(expected) and len(expected) == len(saved)
-    prefixes = {k.split(".{}")[0].split(".")[0] for k in WEIGHT_NAMES}
+    prefixes = {k.split(".{}")[0].split(".")[0] for k in NAMES.table}
     assert prefixes == {"model", "lm_head"}
 
 
@@ -388,7 +394,7 @@ def test_sharded_checkpoint_loads_the_same(tiny_copy):
     for name, tensor in tensors.items():
         assert torch.equal(model_tensor(model, name), tensor)
     (tiny_copy / "model-00002-of-00002.safetensors").unlink()
-    with pytest.raises(ModelError, match="lists shard model-00002-of-00002.safetensors, which is missing"):
+    with pytest.raises(ModelError, match="model-00002-of-00002.safetensors: shard missing"):
         load_model(tiny_copy)
 
 
@@ -401,7 +407,7 @@ def test_loads_on_meta_then_fills_everything(tiny_checkpoint):
     # residual stream stays float32, only the matmuls run in bfloat16), and its first four layers'
     # linears (plan.linear: FLOAT32); everything else is bfloat16.
     kept = {name for name, t in tensors.items() if t.dtype == torch.float32}
-    assert kept == kept_in_float32(model, plan)
+    assert kept == {name for name, dtype in param_dtypes(model, plan).items() if dtype == torch.float32} & set(tensors)
     assert "text.norm.weight" in kept
     # the embedding table too: loaded, or (where the head has its own packed copy) read from the file
     assert "text.embed_tokens.weight" in kept or model.text.embed_tokens.dtype == torch.float32

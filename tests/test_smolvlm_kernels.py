@@ -10,20 +10,20 @@ import torch
 import torch.nn.functional as F
 
 from cpu_samples import AVX2_ONLY, EPYC_ZEN4, SAPPHIRE_RAPIDS
-from ffai.engines.smolvlm import kernels
+from ffai.engines.smolvlm import precision
 from ffai.engines.smolvlm.config import VisionConfig
-from ffai.engines.smolvlm.precision import Attention, onednn_bf16
 from ffai.engines.smolvlm.vision import VisionAttention, VisionMLP
-from ffai.kit import host
-from ffai.kit.opt_in_linears import OneDnnInt8Linear, PackedBf16Linear
+from ffai.kit import host, linear_kinds
+from ffai.kit.opt_in_linears import OneDnnInt8Linear, PackedBf16Linear, onednn_bf16
+from ffai.kit.precision import VisionAttention as Attention
 
 native_bf16 = pytest.mark.skipif(not onednn_bf16(), reason="oneDNN has no native bfloat16 on this CPU")
 
 CFG = VisionConfig(
     hidden_size=64,
     intermediate_size=256,
-    num_hidden_layers=1,
-    num_attention_heads=4,
+    num_layers=1,
+    num_heads=4,
     patch_size=4,
     image_size=32,
     num_channels=3,
@@ -65,7 +65,7 @@ def test_the_fused_gelu_is_gelu_of_the_float32_sums():
     assert float(err.mean()) < float((rounded_first - exact).abs().mean())
 
 
-@pytest.mark.skipif(not host.cpu_info().flags & kernels.ONEDNN_INT8_FLAGS, reason="needs AVX-512 VNNI or AMX-INT8")
+@pytest.mark.skipif(not host.cpu_info().flags & linear_kinds.ONEDNN_INT8_FLAGS, reason="needs AVX-512 VNNI or AMX-INT8")
 def test_the_vision_mlp_fuses_the_gelu_of_a_onednn_int8_fc1():
     torch.manual_seed(2)
     mlp = VisionMLP(CFG)
@@ -110,10 +110,10 @@ def test_vision_attention_skips_the_float32_round_trip_exactly(stream):
 def test_ffai_engines_names_the_fused_gelu_where_bfloat16_is_native():
     for text in (SAPPHIRE_RAPIDS, EPYC_ZEN4, AVX2_ONLY):
         flags = host.parse_cpuinfo(text).flags
-        report = kernels.report(flags)
-        named = [g for dtype in ("int8", "bfloat16") for g in report[dtype] if kernels.FUSED_GELU in g["kernel"]]
+        report = precision.report(flags)
+        named = [g for dtype in ("int8", "bfloat16") for g in report[dtype] if precision.FUSED_GELU in g["kernel"]]
         # int8's wide layers and bfloat16's linears where bfloat16 is native; int8's vision
         # tower wherever it runs on oneDNN (int8 with VNNI or AMX-INT8).
-        expected = 2 if kernels.native_bf16_flags(flags) else 0
-        expected += bool(flags & kernels.ONEDNN_INT8_FLAGS)
+        expected = 2 if host.native_bf16(flags) else 0
+        expected += bool(flags & linear_kinds.ONEDNN_INT8_FLAGS)
         assert len(named) == expected, text

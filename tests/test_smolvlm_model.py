@@ -16,11 +16,13 @@ import torch
 from PIL import Image
 
 from ffai.engines.contract import DecodingOptions
-from ffai.engines.smolvlm.generate import generate
 from ffai.engines.smolvlm.precision import plan_precision
 from ffai.engines.smolvlm.preprocess import ProcessorConfig, normalise, preprocess_images
-from ffai.engines.smolvlm.weights import load_model
+from ffai.engines.smolvlm.stages import STAGES
 from ffai.errors import EngineError, UsageError
+from kit_calls import generate_from, tower
+
+load_model = STAGES.load_model
 
 pytestmark = [pytest.mark.oracle, pytest.mark.usefixtures("one_torch_thread")]
 
@@ -49,6 +51,10 @@ def processor_inputs(processor, images, *, split: bool, question: str = "Describ
     content = [{"type": "image"} for _ in images] + [{"type": "text", "text": question}]
     text = processor.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True)
     return processor(text=text, images=images, return_tensors="pt", do_image_splitting=split)
+
+
+def generate(model, input_ids, embeds, options, stops, on_token=None) -> list[int]:
+    return generate_from(model, input_ids, embeds, options=options, stop_ids=stops, on_token=on_token)
 
 
 def forced(model, inputs, embeds, n: int, stops: list[int], **kwargs) -> list[int]:
@@ -129,7 +135,7 @@ def reference_logits(ref, inputs, ref_embeds: torch.Tensor) -> torch.Tensor:
 def our_logits(model, inputs, embeds: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
         x = model.embed(inputs["input_ids"], embeds)
-        return model.text(x, torch.arange(x.shape[1]))  # (1, T, vocab), no cache
+        return tower(model.text, x)  # (1, T, vocab), no cache
 
 
 # --- real SmolVLM-256M shapes (random weights) ---------------------------------------------
@@ -331,7 +337,7 @@ def test_cached_decoding_equals_recomputation(tiny):
     tokens = generate(model, ids, embeds, DecodingOptions(max_new_tokens=20, force_new_tokens=True), stops)
     with torch.no_grad():
         x = model.embed(torch.cat([ids, torch.tensor([tokens[:-1]])], dim=1), embeds)
-        logits = model.text(x, torch.arange(x.shape[1]))  # no cache: the whole sequence at once
+        logits = tower(model.text, x)  # no cache: the whole sequence at once
     recomputed = logits[0, ids.shape[1] - 1 :].argmax(-1).tolist()
     assert recomputed == tokens
 
@@ -344,10 +350,10 @@ def test_chunked_prefill_matches_one_pass(tiny):
     with torch.no_grad():
         x = model.embed(inputs["input_ids"], embeds)
         t, h = x.shape[1], x.shape[1] // 2
-        whole = model.text(x, torch.arange(t))
+        whole = tower(model.text, x)
         cache = model.text.new_cache(1, t + 7)
-        first = model.text(x[:, :h], torch.arange(h), cache)
-        second = model.text(x[:, h:], torch.arange(h, t), cache)
+        first = tower(model.text, x[:, :h], 0, cache)
+        second = tower(model.text, x[:, h:], h, cache)
     torch.testing.assert_close(torch.cat([first, second], dim=1), whole, rtol=0, atol=1e-5)
 
 

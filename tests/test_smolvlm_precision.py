@@ -18,37 +18,31 @@ from cpu_samples import AVX2_ONLY, EPYC_ZEN4, GRAVITON3, SAPPHIRE_RAPIDS, SSE_ON
 from ffai import messages
 from ffai.cli import run
 from ffai.engines.contract import DecodingOptions, Request, RuntimeOptions
-from ffai.engines.smolvlm import kernels, precision
+from ffai.engines.smolvlm import precision as kernels  # its rules and their words
 from ffai.engines.smolvlm.engine import ENGINE
-from ffai.engines.smolvlm.generate import prefill
-from ffai.engines.smolvlm.layers import FileEmbedding
-from ffai.engines.smolvlm.precision import (
-    ATTENTION_BLOCK,
-    BF16_ONEDNN,
-    FLOAT32,
-    INT8,
-    INT8_BY_ROW,
-    INT8_ONEDNN,
-    PLAIN,
-    Attention,
-    onednn_bf16,
-    plan_precision,
-)
+from ffai.engines.smolvlm.precision import ATTENTION_BLOCK, plan_precision
+from ffai.engines.smolvlm.stages import STAGES
 from ffai.engines.smolvlm.vision import blocked_attention
-from ffai.engines.smolvlm.weights import load_model
 from ffai.errors import UsageError
-from ffai.kit import host
+from ffai.kit import host, linear_kinds
+from ffai.kit import precision as kit_precision
+from ffai.kit.generate import Prompt, prefill
+from ffai.kit.linear_kinds import BF16_ONEDNN, FLOAT32, INT8, INT8_BY_ROW, INT8_ONEDNN, PLAIN
+from ffai.kit.linears import FileEmbedding
 from ffai.kit.opt_in_linears import (
     QUANTIZE_ROWS_BLOCK,
     OneDnnInt8Linear,
     PackedBf16Linear,
     QuantizedLinear,
     RowScaledLinear,
+    onednn_bf16,
     quantize_rows,
 )
+from ffai.kit.precision import VisionAttention as Attention
 from ffai.run.captioner import Captioner
 from ffai.run.inline import InlineEngine
 from ffai.run.options import CaptionOptions
+from kit_calls import tower
 from sample_media import make_clip
 
 # Names of linear layers of each group, as a plan is asked about them.
@@ -86,11 +80,11 @@ def test_the_int8_plan_by_cpu(monkeypatch, native):
     unquantised, without it only the down projections and the connector take rows by
     themselves. 8-bit activations only where the int8 dot product sums into 32 bits; the table
     left in its file."""
-    monkeypatch.setattr(precision, "onednn_bf16", lambda device="cpu": native)
+    monkeypatch.setattr(kit_precision, "onednn_bf16", lambda device="cpu": native)
     reduce_range = {EPYC_ZEN4: False, SAPPHIRE_RAPIDS: False, AVX2_ONLY: True, GRAVITON3: True, SSE_ONLY: True}
     for text, reduced in reduce_range.items():
         cpu = host.parse_cpuinfo(text)
-        bf16 = native and kernels.native_bf16_flags(cpu.flags)
+        bf16 = native and host.native_bf16(cpu.flags)
         plan = plan_precision("int8", "auto", cpu)
         assert plan.device == "cpu" and plan.weights == torch.float32 and plan.float32_parts == ()
         kinds = {name: plan.linear(name) for name in LINEARS}
@@ -124,38 +118,38 @@ def test_ffai_engines_reports_the_plans_kernels():
     for text in (SAPPHIRE_RAPIDS, EPYC_ZEN4, AVX2_ONLY, GRAVITON3, SSE_ONLY):
         flags = host.parse_cpuinfo(text).flags
         report = ENGINE.kernels(flags)
-        int8 = report["dtypes"]["int8"]
-        native = kernels.native_bf16_flags(flags)
+        int8 = report["int8"]
+        native = host.native_bf16(flags)
         assert [g["layers"] for g in int8][:2] == ["first 4 layers of each tower", "vision tower"]
         assert ("bfloat16" in int8[0]["kernel"]) is native and "int8" not in int8[0]["kernel"].split(",")[0]
-        assert ("oneDNN" in int8[1]["kernel"]) is bool(flags & kernels.ONEDNN_INT8_FLAGS), text
+        assert ("oneDNN" in int8[1]["kernel"]) is bool(flags & linear_kinds.ONEDNN_INT8_FLAGS), text
         assert ("(AMX)" in int8[1]["kernel"]) is ("amx_int8" in flags), text
         # --compile's step exists where the plan multiplies bfloat16 rows (compiled_decode.unsupported)
         assert (int8[-1]["layers"] == "decode step, with --compile") is native, text
         if native:  # its rows by fbgemm at ffai's two threads on AMX, by inductor's sums elsewhere
             assert ("fbgemm's int8 kernel" in int8[-1]["kernel"].split("(")[0]) is ("amx_int8" in flags), text
         assert all(
-            ("7-bit" in g["kernel"]) is not bool(flags & kernels.INT8_FULL_RANGE_FLAGS)
+            ("7-bit" in g["kernel"]) is not bool(flags & linear_kinds.INT8_FULL_RANGE_FLAGS)
             for g in int8
             if "x int8" in g["kernel"]
         )
         by_row = next(g["kernel"] for g in int8 if "rows" in g["kernel"])
         assert ("_weight_int8pack_mm" in by_row) is native and ("_int_mm" in by_row) is (
-            not native and bool(flags & kernels.INT8_FULL_RANGE_FLAGS)
+            not native and bool(flags & linear_kinds.INT8_FULL_RANGE_FLAGS)
         ), text
-        bf16 = report["dtypes"]["bfloat16"]
+        bf16 = report["bfloat16"]
         compiled = ["decode step, with --compile"] if native else []
         assert [g["layers"] for g in bf16] == ["first 4 text layers", "other linears", *compiled]
         assert bf16[0]["kernel"].startswith("float32") and ("AMX" in bf16[1]["kernel"]) is ("amx_bf16" in flags)
-    assert ENGINE.kernels(host.parse_cpuinfo(SAPPHIRE_RAPIDS).flags)["throughput_dtype"] == "int8"
-    assert ENGINE.kernels(host.parse_cpuinfo(EPYC_ZEN4).flags)["throughput_dtype"] == "int8"
-    assert ENGINE.kernels(host.parse_cpuinfo(AVX2_ONLY).flags)["throughput_dtype"] == "int8"
-    assert ENGINE.kernels(host.parse_cpuinfo(SSE_ONLY).flags)["throughput_dtype"] == "float32"
+    assert host.parse_cpuinfo(SAPPHIRE_RAPIDS).throughput_dtype() == "int8"
+    assert host.parse_cpuinfo(EPYC_ZEN4).throughput_dtype() == "int8"
+    assert host.parse_cpuinfo(AVX2_ONLY).throughput_dtype() == "int8"
+    assert host.parse_cpuinfo(SSE_ONLY).throughput_dtype() == "float32"
 
 
 @pytest.mark.parametrize("native", [True, False])
 def test_the_bfloat16_plan_with_and_without_onednns_bfloat16(monkeypatch, native):
-    monkeypatch.setattr(precision, "onednn_bf16", lambda device="cpu": native)
+    monkeypatch.setattr(kit_precision, "onednn_bf16", lambda device="cpu": native)
     plan = plan_precision("bfloat16", "cpu", host.parse_cpuinfo(EPYC_ZEN4))
     assert plan.weights == torch.bfloat16 and plan.float32_parts == ("text",) and plan.int8 is None
     # the text tower's first four layers in float32, the rest bfloat16 (packed where native)
@@ -244,11 +238,11 @@ def int8_plan():
 
 @pytest.fixture(scope="module")
 def int8_model(tiny_checkpoint, int8_plan):
-    return load_model(tiny_checkpoint, int8_plan)
+    return STAGES.load_model(tiny_checkpoint, int8_plan)
 
 
 def test_int8_model_holds_no_float32_copy_of_a_quantised_weight(tiny_checkpoint, int8_plan, int8_model):
-    exact = load_model(tiny_checkpoint)
+    exact = STAGES.load_model(tiny_checkpoint)
     linears = [name for name, m in exact.named_modules() if isinstance(m, torch.nn.Linear)]
     # Every linear layer of both towers, the connector and the LM head.
     assert "text.lm_head" in linears and "connector.modality_projection.proj" in linears
@@ -297,9 +291,9 @@ def test_int8_model_holds_no_float32_copy_of_a_quantised_weight(tiny_checkpoint,
 def test_opt_in_dtypes_read_token_embeddings_from_the_file(tiny_checkpoint, dtype):
     """The rows a lookup reads from the file are the loaded table's, ids repeated or not, in any
     shape; an id out of range is an IndexError, as nn.Embedding's; float32 keeps its table."""
-    exact = load_model(tiny_checkpoint)
+    exact = STAGES.load_model(tiny_checkpoint)
     assert isinstance(exact.text.embed_tokens, torch.nn.Embedding)
-    model = load_model(tiny_checkpoint, plan_precision(dtype))
+    model = STAGES.load_model(tiny_checkpoint, plan_precision(dtype))
     table = model.text.embed_tokens
     if dtype == "bfloat16" and not onednn_bf16():
         assert isinstance(table, torch.nn.Embedding)  # the head reads the whole table: it stays loaded
@@ -374,11 +368,10 @@ def _embeds_and_logits(model, image):
     prepared = model["preprocess"](Request((image,), DecodingOptions()))
     encoded = model["vision"](prepared)
     net = model["text"].net
-    ids = torch.tensor([prepared.input_ids])
     with torch.inference_mode():
-        x = net.embed(ids, encoded.image_embeds)
-        logits = prefill(net, x, net.text.reserve_cache(1, ids.shape[1]))[0]
-    return encoded.image_embeds.float(), logits.float()
+        prompt = net.prompt(encoded)
+        logits = prefill(net.text, prompt, net.text.reserve_cache(1, prompt.length))[0]
+    return encoded.visual.float(), logits.float()
 
 
 def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -405,7 +398,9 @@ def test_the_vision_tower_attends_as_the_cpu_runs_fastest(tiny_checkpoint, dtype
     and in float32 SDPA on other CPUs."""
     expected = {"amx": (torch.bfloat16, None), "zen4": (torch.bfloat16, ATTENTION_BLOCK), "avx2": (torch.float32, None)}
     for kind, info in HOSTS.items():
-        model = load_model(tiny_checkpoint, plan_precision(dtype, "cpu", host.parse_cpuinfo(info)), parts=("vision",))
+        model = STAGES.load_model(
+            tiny_checkpoint, plan_precision(dtype, "cpu", host.parse_cpuinfo(info)), parts=("vision",)
+        )
         assert _vision_attention(model) == ({(None, None)} if dtype == "float32" else {expected[kind]}), kind
 
 
@@ -415,7 +410,7 @@ def test_the_text_prefill_attends_in_the_plans_dtype_and_a_decode_row_in_its_own
     without it; other CPUs' plans attend in float32 throughout."""
     amx = plan_precision("bfloat16", "cpu", host.parse_cpuinfo(SAPPHIRE_RAPIDS))
     zen4 = plan_precision("bfloat16", "cpu", host.parse_cpuinfo(EPYC_ZEN4))
-    fast, plain = (load_model(tiny_checkpoint, plan, parts=("text",)) for plan in (amx, zen4))
+    fast, plain = (STAGES.load_model(tiny_checkpoint, plan, parts=("text",)) for plan in (amx, zen4))
     assert {layer.self_attn.prefill_dtype for layer in fast.text.layers} == {torch.bfloat16}
     assert {layer.self_attn.prefill_dtype for layer in plain.text.layers} == {None}
     ids = torch.randint(0, fast.cfg.text.vocab_size, (1, 40), generator=torch.Generator().manual_seed(0))
@@ -423,11 +418,11 @@ def test_the_text_prefill_attends_in_the_plans_dtype_and_a_decode_row_in_its_own
     with torch.inference_mode():
         for model in (fast, plain):
             caches.append(model.text.new_cache(1, 48))
-            logits.append(prefill(model, model.text.embed_tokens(ids), caches[-1]).float())
+            logits.append(prefill(model.text, Prompt(model.text.embed(ids)), caches[-1]).float())
         assert F.cosine_similarity(*logits, dim=-1).item() >= 0.9999 and not torch.equal(*logits)
         # One decode row over the same cache (the plain model's prefill): both attend in float32.
-        row, pos = ids[:, :1], torch.tensor([40])
-        steps = [model.text(model.text.embed_tokens(row), pos, caches[1])[:, -1] for model in (fast, plain)]
+        row = ids[:, :1]
+        steps = [tower(model.text, model.text.embed(row), 40, caches[1])[:, -1] for model in (fast, plain)]
     assert torch.equal(*steps)
 
 
@@ -455,7 +450,7 @@ def test_agreement_with_float32_on_the_tiny_checkpoint(monkeypatch, tiny_checkpo
 
 def test_bfloat16_holds_matmul_weights_in_bfloat16_and_the_text_stream_in_float32(tiny_checkpoint):
     plan = plan_precision("bfloat16")
-    model = load_model(tiny_checkpoint, plan)
+    model = STAGES.load_model(tiny_checkpoint, plan)
     packed = onednn_bf16()
     linears = {n for n, m in model.named_modules() if isinstance(m, (torch.nn.Linear, PackedBf16Linear))}
     # the tiny text tower's two layers are among the first four, which stay float32
@@ -472,7 +467,7 @@ def test_bfloat16_holds_matmul_weights_in_bfloat16_and_the_text_stream_in_float3
     assert model.text.reserve_cache(1, 10).dtype == torch.float32
     ids = torch.tensor([[1, 2, 3]])
     with torch.inference_mode():
-        logits = model.text(model.text.embed_tokens(ids), torch.arange(3))
+        logits = tower(model.text, model.text.embed(ids))
     assert logits.dtype == torch.float32
 
 
@@ -572,7 +567,7 @@ def test_int8_linear_products_are_exact_on_fbgemm():
 
 
 ONEDNN_INT8 = pytest.mark.skipif(
-    not host.cpu_info().flags & kernels.ONEDNN_INT8_FLAGS, reason="needs a CPU with AVX-512 VNNI or AMX-INT8"
+    not host.cpu_info().flags & linear_kinds.ONEDNN_INT8_FLAGS, reason="needs a CPU with AVX-512 VNNI or AMX-INT8"
 )
 
 
@@ -663,8 +658,8 @@ def test_v2_opt_in_dtypes_pass_the_agreement_gate_on_a_window_as_video(monkeypat
     all among the first four: that way every layer is int8."""
     from ffai.bench import checkpoints
     from ffai.bench.agreement import cosine
+    from ffai.bench.engine_hooks import prefill_logits
     from ffai.bench.gates import COSINE_MIN
-    from ffai.engines.smolvlm.bench.probes import prefill_logits
 
     v2_tiny = checkpoints.checkpoint("v2-tiny")
     frames = tuple(_image(seed) for seed in (3, 4))

@@ -40,9 +40,10 @@ def test_token_ids(builder):
 def test_render_matches_checkpoint_notes(builder):
     # Rendered strings recorded in ffai/engines/smolvlm/bench/files/smolvlm-256m-instruct/SOURCES.md.
     assert (
-        builder.render(1, DEFAULT_TEXT) == "<|im_start|>User:<image>Describe this image.<end_of_utterance>\nAssistant:"
+        builder.render([{"type": "image"}], DEFAULT_TEXT)
+        == "<|im_start|>User:<image>Describe this image.<end_of_utterance>\nAssistant:"
     )
-    assert builder.render(0, "Hi") == "<|im_start|>User: Hi<end_of_utterance>\nAssistant:"
+    assert builder.render([], "Hi") == "<|im_start|>User: Hi<end_of_utterance>\nAssistant:"
 
 
 def test_unsplit_layout(builder):

@@ -6,7 +6,7 @@ prints one JSON object on stdout. The timed arms stay as they are (one model, on
 own peak RSS); this process loads ffai's engine twice, in ``--dtype`` and in float32 (the
 float32 engine is bit-identical to the reference, which the float32 bench's correctness gate
 and the oracle tests keep), and for each item of the case, through the engine's probes (its
-bench hooks, ``ffai.bench.hooks``; SmolVLM's are ``ffai.engines.smolvlm.bench.probes``):
+bench hooks, ``ffai.bench.hooks``; an engine on the kit takes ``ffai.bench.engine_hooks.KitBench``):
 
 - the image features of every tile (SmolVLM: vision tower + connector output) in both dtypes,
   and their cosine similarity;

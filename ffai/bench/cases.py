@@ -70,8 +70,8 @@ def synthetic_image(seed: int, size: tuple[int, int]) -> "Image.Image":
     freqs = [(rng.uniform(2, 9), rng.uniform(2, 9)) for _ in range(3)]  # (x, y) per channel, drawn in that order
     out = np.empty((h, w, 3), np.uint8)
     # By blocks of rows, the noise drawn in the same order as one (h, w, 3) draw: the same bytes as
-    # whole-image float64 arithmetic, without its ~250 MB of temporaries for a still, which the
-    # arms' peak RSS would otherwise count as theirs.
+    # whole-image float64 arithmetic, without its large temporaries for a still, which the arms'
+    # peak RSS would otherwise count as theirs (docs/benchmarks-log.md, *The bench's own images*).
     for top in range(0, h, 64):
         yy, xx = np.mgrid[top : min(top + 64, h), 0:w] / max(w, h)
         waves = [np.sin(xx * fx + c) * np.cos(yy * fy) for c, (fx, fy) in enumerate(freqs)]

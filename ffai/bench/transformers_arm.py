@@ -1,25 +1,60 @@
 """What every engine's transformers reference arm does the same way (``ffai.bench.hooks.ReferenceArm``):
-answer greedily with ``generate`` and leave out the stop token that ended the answer, as ffai does.
-An engine's arm loads its own model and processor (``loaded``) and says how a request becomes the
-processor's inputs (``inputs``); nothing here imports transformers."""
+load the checkpoint with transformers (float32, the engine's writer naming the classes), answer
+greedily with ``generate`` and leave out the stop token that ended the answer, as ffai does. An
+engine's arm says only how a request becomes the processor's inputs (``inputs``), shown as ffai
+shows it; nothing here imports transformers at import time."""
 
 from __future__ import annotations
 
 import abc
+import importlib.util
 from pathlib import Path
 
 from ffai.bench import cases
+from ffai.bench.writer import CONFIG_FILE, CheckpointWriter, read_json
 from ffai.engines.contract import DecodingOptions, Request
+from ffai.errors import ModelError
+
+
+def missing_reference(packages: tuple[str, ...]) -> str:
+    return f"the reference arm needs {' and '.join(packages)}: pip install 'ffai[reference]'"
+
+
+def require(packages: tuple[str, ...]) -> None:
+    """Fail early, in one line, when a package the reference needs is not installed (the
+    [reference] extra)."""
+    try:
+        found = all(importlib.util.find_spec(name) is not None for name in packages)
+    except (ImportError, ValueError):  # a broken install, or sys.modules[name] = None
+        found = False
+    if not found:
+        raise ModelError(missing_reference(packages))
 
 
 class TransformersArm(abc.ABC):
     name = "reference"
+    writer: CheckpointWriter  # the engine's: it names transformers' classes for a checkpoint
+    packages: tuple[str, ...] = ("transformers",)  # what the reference needs installed
 
     def __init__(self, model_dir: Path, cores: int) -> None:
         self.model_dir = Path(model_dir)  # the reference is the float32 baseline whatever --dtype says
         self.cores = cores
         self.model = self.processor = None
         self.stop_ids: set[int] = set()
+
+    def load(self) -> None:
+        try:
+            import torch
+            from transformers import AutoProcessor
+        except ImportError as e:
+            raise ModelError(missing_reference(self.packages)) from e
+        # The same cores ffai plans its placement and threads for, all given to the one process.
+        torch.set_num_threads(self.cores)
+        model_class = self.writer.model_class(read_json(self.model_dir / CONFIG_FILE))
+        model = model_class.from_pretrained(self.model_dir, dtype=torch.float32).eval()
+        self.loaded(
+            model, AutoProcessor.from_pretrained(self.model_dir, **self.writer.processor_options(self.model_dir))
+        )
 
     def loaded(self, model, processor) -> None:
         """Keep the loaded model and processor; the answer stops on its generation config's eos ids."""
@@ -53,6 +88,16 @@ class TransformersArm(abc.ABC):
     def clip(self, path: Path) -> dict[str, list[int]]:
         options = cases.decoding()
         return {item.id: self.answer(item, options)[0] for item in cases.clip_items(path)}
+
+    def info(self) -> dict:
+        """What the report keeps about this arm: its threads and its processors' classes."""
+        import torch
+
+        found = {"torch_threads": {"main": torch.get_num_threads()}}
+        for part in ("image_processor", "video_processor"):
+            if getattr(self.processor, part, None) is not None:
+                found[part] = type(getattr(self.processor, part)).__name__
+        return found
 
     def close(self) -> None:
         self.model = self.processor = None

@@ -10,8 +10,8 @@ it must not import torch). It has three parts:
   in, an :class:`Answer` out.
 
 Optionally ``bench``: the hooks ``ffai bench vlm`` needs (:class:`ffai.bench.hooks.BenchHooks`),
-``kernels(flags)``: which kernels run each dtype on a CPU with those flags and the dtype for
-throughput there, which ``ffai engines`` prints (torch-free, like ``info``), and ``model_types``:
+``kernels(flags)``: which kernels run each dtype on a CPU with those flags, which ``ffai engines``
+prints beside the host's fast dtypes (torch-free, like ``info``), and ``model_types``:
 the config.json ``model_type`` values it runs, so that a checkpoint folder given without
 ``--engine`` finds its engine (``ffai.engines.registry.engine_for_model``).
 
@@ -19,7 +19,8 @@ A request says what it holds in engine-neutral terms (a still, or frames with th
 times); the engine decides tiling and prompt. The core places the stages inline or in worker
 processes (``ffai.run.captioner``), on Ray actors (``ffai.ray.workers``) or chains them in this
 process for library use (``ffai.run.inline.InlineEngine``): the same factories everywhere.
-docs/engines.md walks through the SmolVLM engine as the worked example.
+An engine built on the kit (``ffai.kit``) gets its stages from ``ffai.kit.stages``; docs/engines.md
+walks through adding one.
 """
 
 from __future__ import annotations
@@ -27,12 +28,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, Sequence
+from typing import Protocol, Sequence
 
 from ffai.errors import UsageError
-
-if TYPE_CHECKING:  # pragma: no cover - typing only; torch and PIL load lazily
-    pass
 
 STATUSES = ("experimental", "stable")
 # A checkpoint's tensors are stored in one of these; ffai runs in these or, opt-in, in int8

@@ -3,12 +3,14 @@ every engine: each error is one ModelError line naming the file and the key path
 
 from __future__ import annotations
 
+import abc
 import json
 from pathlib import Path
 from typing import Any
 
 from ffai.errors import ModelError
 
+CONFIG_FILE = "config.json"
 _MISSING = object()
 
 
@@ -72,3 +74,23 @@ class JsonSection:
         if not ok:
             where = self.prefix.rstrip(".")
             raise ModelError(f"{self.source}: {where + ': ' if where else ''}{message}")
+
+
+class CheckpointConfig(abc.ABC):
+    """A checkpoint's config, read from its folder's config.json (``from_dir``) or from a dict
+    (``from_dict``, naming ``source`` in its errors); a subclass reads the file's top section
+    (``from_section``)."""
+
+    @classmethod
+    def from_dir(cls, model_dir: Path | str):
+        path = Path(model_dir) / CONFIG_FILE
+        return cls.from_dict(read_json_object(path, "config"), source=str(path))
+
+    @classmethod
+    def from_dict(cls, data: dict, source: str = CONFIG_FILE):
+        return cls.from_section(JsonSection(data, source, ""))
+
+    @classmethod
+    @abc.abstractmethod
+    def from_section(cls, s: JsonSection):
+        """The config from config.json's top section ``s``."""

@@ -8,9 +8,9 @@ after each stage, glibc's heap settings around a load that reads its weights thr
 and the peak RSS the bench and the memory benchmark sample. Why each setting is what it is,
 with the figures behind it: docs/precision-and-speed.md, docs/how-it-works.md and docs/benchmarks.md.
 
-This module reports and sets; it decides nothing about precision: an engine turns the CPU's
-flags into its own choices (``ffai.engines.smolvlm.precision``). No torch import at module import:
-``ffai engines`` answers without it.
+This module reports and sets. Which dtypes are fast here is its one answer (``CpuInfo.fast_dtypes``,
+``throughput_dtype``); which layers an engine keeps wider is the engine's (its ``precision``
+module). No torch import at module import: ``ffai engines`` answers without it.
 """
 
 from __future__ import annotations
@@ -48,9 +48,17 @@ RELEVANT_FLAGS = (
 )
 # A dtype other than float32 only pays where the CPU has instructions for it: bfloat16 matmuls
 # need native bfloat16 (elsewhere oneDNN converts to float32 and back, slower than float32),
-# int8 matmuls an int8 dot product (fbgemm's AVX2 or VNNI kernels).
+# int8 matmuls an int8 dot product that ffai's int8 kernels use (fbgemm's AVX2 or VNNI, oneDNN's
+# AMX: x86's; Arm's dot products have no fbgemm).
 BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
-INT8_FLAGS = frozenset({"avx2", "avx512_vnni", "avx_vnni", "amx_int8", "asimddp", "i8mm"})
+INT8_FLAGS = frozenset({"avx2", "avx512_vnni", "avx_vnni", "amx_int8"})
+# Where oneDNN multiplies bfloat16 natively, so a plan packs bfloat16 linears for it (a plan also
+# asks torch: ``ffai.kit.opt_in_linears.onednn_bf16``).
+NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+
+
+def native_bf16(flags: frozenset[str]) -> bool:
+    return bool(flags & NATIVE_BF16_FLAGS)
 
 
 @dataclass(frozen=True)
@@ -67,13 +75,22 @@ class CpuInfo:
         return tuple(f for f in RELEVANT_FLAGS if f in self.flags)
 
     def fast_dtypes(self) -> tuple[str, ...]:
-        """The dtypes at least as fast as float32 here (float32 first), in ffai.engines.contract.DTYPES' words."""
+        """The dtypes at least as fast as float32 here (float32 first), in ffai.engines.contract.DTYPES'
+        words: the one answer every engine and the command line give."""
         fast = ["float32"]
         if not self.known or self.flags & INT8_FLAGS:
             fast.append("int8")
         if not self.known or self.flags & BF16_FLAGS:
             fast.append("bfloat16")
         return tuple(fast)
+
+    def throughput_dtype(self) -> str:
+        """The opt-in dtype for throughput here, by the bench's measurements
+        (docs/precision-and-speed.md): int8 wherever the CPU has an int8 dot product ffai's kernels
+        use (as fast as bfloat16 or faster in every case measured, in less memory), bfloat16 with
+        native bfloat16 alone, else float32."""
+        fast = self.fast_dtypes()
+        return "int8" if "int8" in fast else "bfloat16" if "bfloat16" in fast else "float32"
 
     def slow_dtype_warning(self, dtype: str) -> str | None:
         """One line saying why ``dtype`` will run slower than float32 here, or None if it will not."""

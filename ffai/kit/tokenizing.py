@@ -5,6 +5,7 @@ that streams an answer (``generate_streamed``). tokenizers and jinja2 load on fi
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
@@ -175,3 +176,77 @@ def read_prompt_files(model_dir: Path) -> tuple[Tokenizer, Any, tuple[int, ...],
     template = compile_template(*find_chat_template(model_dir))
     eos_ids = generation_eos_ids(model_dir / GENERATION_CONFIG_FILE)
     return tokenizer, template, eos_ids, model_dir / TOKENIZER_FILE
+
+
+class ChatPrompts:
+    """A checkpoint's chat template and tokenizer, shared by every engine's prompt builder: one user
+    turn rendered, tokenised with no special tokens added (the templates write their own), the
+    answer's ids decoded as the reference's ``batch_decode(skip_special_tokens=True)`` does (no
+    clean-up of spaces: the tokenizers here set none) and streamed (``text_stream``). An engine's
+    builder adds how its pictures' placeholders expand and which ids stop an answer
+    (``stop_ids``)."""
+
+    def __init__(self, tokenizer: Tokenizer, chat_template: Any, eos_ids: tuple[int, ...], source: Path) -> None:
+        self._tokenizer = tokenizer
+        self._template = chat_template  # a compiled jinja2 template
+        self._source = source
+        self._eos_ids = eos_ids
+
+    @classmethod
+    def from_dir(cls, model_dir: Path):
+        """The checkpoint's builder, one per process while its files are unchanged: a builder is
+        never changed after it is made, and a tokenizer is megabytes resident (more while it
+        parses), which the stages of one process (the window check, preprocess, text) would
+        otherwise each load again."""
+        model_dir = Path(model_dir).resolve()
+        return _shared_builder(cls, model_dir, files_stamp(model_dir))
+
+    @classmethod
+    def load(cls, model_dir: Path):
+        """A new builder read from ``model_dir``'s files (``from_dir`` shares one)."""
+        return cls(*read_prompt_files(Path(model_dir)))
+
+    def token_id(self, token: str, why: str = "") -> int:
+        """The id of ``token``, or a ModelError naming the tokenizer file."""
+        return require_token(self._tokenizer, token, self._source, why)
+
+    def render(self, content: list[dict], text: str, template: Any = None) -> str:
+        """The chat template's text (``template``, else the checkpoint's) for one user turn:
+        ``content`` (pictures, videos), then ``text``."""
+        messages = [{"role": "user", "content": [*content, {"type": "text", "text": text}]}]
+        try:
+            return (template or self._template).render(
+                messages=messages, tools=None, documents=None, add_generation_prompt=True
+            )
+        except Exception as e:  # a template is code from the checkpoint: any failure is the checkpoint's
+            raise ModelError(f"{self._source.parent}: chat template failed: {e}") from e
+
+    def split(self, rendered: str, placeholder: str, count: int, what: str = "pictures") -> list[str]:
+        """``rendered`` cut at its ``count`` placeholders, or a ModelError where the template wrote
+        another number of them."""
+        pieces = rendered.split(placeholder)
+        if len(pieces) != count + 1:
+            raise ModelError(
+                f"{self._source.parent}: chat template wrote {len(pieces) - 1} {placeholder} placeholders for {count} {what}"
+            )
+        return pieces
+
+    def encode(self, prompt: str) -> list[int]:
+        return self._tokenizer.encode(prompt, add_special_tokens=False).ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of generated ids, special tokens dropped."""
+        return self._tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    def text_stream(self) -> TextStream:
+        """An incremental ``decode`` for one answer, fed one generated id at a time."""
+        return TextStream(self.decode)
+
+    def stop_ids(self) -> tuple[int, ...]:
+        """Ids that end an answer: generation_config.json's eos ids."""
+        return self._eos_ids
+
+
+@functools.lru_cache(maxsize=4)
+def _shared_builder(cls: type, model_dir: Path, stamp: tuple):
+    return cls.load(model_dir)  # a failure raises and is not kept: the next call reads again

@@ -12,37 +12,31 @@ naming the file and the key.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
-from ffai.kit.config_json import JsonSection, read_json_object
+from ffai.kit.config_json import CheckpointConfig, JsonSection
+from ffai.kit.text_config import TextConfig, read_text_config
+from ffai.kit.vision_config import VisionTowerConfig
 
-CONFIG_FILE = "config.json"
 MODEL_TYPE = "qwen3_vl"
-VISION_ACTS = ("gelu_pytorch_tanh",)
-TEXT_ACTS = ("silu",)
+
+
+# The keys Qwen3VLVisionConfig names otherwise than the kit, and its defaults (every size has one).
+VISION_KEYS = {"num_layers": "depth", "num_channels": "in_channels"}
+VISION_DEFAULTS = {"depth": 27, "hidden_size": 1152, "intermediate_size": 4304, "num_heads": 16, "in_channels": 3}
+VISION_DEFAULTS |= {"patch_size": 16}
 
 
 @dataclass(frozen=True)
-class VisionConfig:
-    """The vision tower (transformers' ``Qwen3VLVisionConfig``)."""
+class VisionConfig(VisionTowerConfig):
+    """The vision tower (transformers' ``Qwen3VLVisionConfig``): the kit's sizes, and its video
+    patches, patch merging, position table, DeepStack layers and rotary theta."""
 
-    depth: int
-    hidden_size: int
-    intermediate_size: int
-    num_heads: int
-    in_channels: int
-    patch_size: int
     temporal_patch_size: int
     spatial_merge_size: int
     out_hidden_size: int
     num_position_embeddings: int
     deepstack_visual_indexes: tuple[int, ...]
     rope_theta: float
-    hidden_act: str
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
 
     @property
     def grid_side(self) -> int:
@@ -57,7 +51,7 @@ class VisionConfig:
     @property
     def patch_values(self) -> int:
         """Values in one flattened patch (the processor's row of ``pixel_values``)."""
-        return self.in_channels * self.temporal_patch_size * self.patch_size**2
+        return self.num_channels * self.temporal_patch_size * self.patch_size**2
 
     @classmethod
     def from_section(cls, s: JsonSection) -> "VisionConfig":
@@ -69,75 +63,46 @@ class VisionConfig:
             r.check(rope_type == "axial", f"rope_type {rope_type!r} is not supported (axial)")
             theta = r.get("rope_theta", float, theta)
         cfg = cls(
-            depth=s.positive("depth", 27),
-            hidden_size=s.positive("hidden_size", 1152),
-            intermediate_size=s.positive("intermediate_size", 4304),
-            num_heads=s.positive("num_heads", 16),
-            in_channels=s.positive("in_channels", 3),
-            patch_size=s.positive("patch_size", 16),
+            **cls.sizes(s, VISION_KEYS, VISION_DEFAULTS),
             temporal_patch_size=s.positive("temporal_patch_size", 2),
             spatial_merge_size=s.positive("spatial_merge_size", 2),
             out_hidden_size=s.positive("out_hidden_size", 3584),
             num_position_embeddings=s.positive("num_position_embeddings", 2304),
             deepstack_visual_indexes=s.ints("deepstack_visual_indexes", [8, 16, 24]),
             rope_theta=theta,
-            hidden_act=s.get("hidden_act", str, "gelu_pytorch_tanh"),
         )
-        s.check(cfg.hidden_size % cfg.num_heads == 0, "hidden_size must divide by num_heads")
         s.check(cfg.head_dim % 4 == 0, "head_dim (hidden_size / num_heads) must divide by 4 for the 2D rotary")
         s.check(cfg.grid_side**2 == cfg.num_position_embeddings, "num_position_embeddings must be a square")
-        s.check(cfg.hidden_act in VISION_ACTS, f"hidden_act {cfg.hidden_act!r} is not supported ({VISION_ACTS})")
         s.check(
-            all(i < cfg.depth for i in cfg.deepstack_visual_indexes), "deepstack_visual_indexes must be below depth"
+            all(i < cfg.num_layers for i in cfg.deepstack_visual_indexes),
+            "deepstack_visual_indexes must be below depth",
         )
         return cfg
 
 
-@dataclass(frozen=True)
-class TextConfig:
-    """The Qwen3 text tower with multimodal RoPE (transformers' ``Qwen3VLTextConfig``)."""
+# transformers' Qwen3VLTextConfig defaults, for what a checkpoint's text_config leaves out.
+TEXT_DEFAULTS = {
+    "hidden_size": 4096,
+    "intermediate_size": 22016,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "head_dim": 128,
+    "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 128000,
+    "vocab_size": 151936,
+}
 
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    rope_theta: float
-    mrope_section: tuple[int, int, int]
-    max_position_embeddings: int
-    vocab_size: int
-    hidden_act: str
-    attention_bias: bool
 
-    @classmethod
-    def from_section(cls, s: JsonSection) -> "TextConfig":
-        heads = s.positive("num_attention_heads", 32)
-        theta, section = _text_rope(s)
-        cfg = cls(
-            hidden_size=s.positive("hidden_size", 4096),
-            intermediate_size=s.positive("intermediate_size", 22016),
-            num_hidden_layers=s.positive("num_hidden_layers", 32),
-            num_attention_heads=heads,
-            num_key_value_heads=s.positive("num_key_value_heads", heads),
-            head_dim=s.positive("head_dim", 128),
-            rms_norm_eps=s.get("rms_norm_eps", float, 1e-6),
-            rope_theta=theta,
-            mrope_section=section,
-            max_position_embeddings=s.positive("max_position_embeddings", 128000),
-            vocab_size=s.positive("vocab_size", 151936),
-            hidden_act=s.get("hidden_act", str, "silu"),
-            attention_bias=s.get("attention_bias", bool, False),
-        )
-        s.check(heads % cfg.num_key_value_heads == 0, "num_attention_heads must divide by num_key_value_heads")
-        s.check(cfg.hidden_act in TEXT_ACTS, f"hidden_act {cfg.hidden_act!r} is not supported ({TEXT_ACTS})")
-        s.check(cfg.head_dim % 2 == 0, "head_dim must be even")
-        s.check(
-            sum(section) == cfg.head_dim // 2,
-            f"mrope_section {list(section)} must add up to head_dim / 2 = {cfg.head_dim // 2}",
-        )
-        return cfg
+def text_config(s: JsonSection) -> tuple[TextConfig, tuple[int, int, int]]:
+    """The Qwen3 text tower with multimodal RoPE (transformers' ``Qwen3VLTextConfig``): the kit's
+    tower with q and k normalised per head, and the RoPE's (t, h, w) sections."""
+    theta, section = _text_rope(s)
+    cfg = read_text_config(s, TEXT_DEFAULTS, rope_theta=theta, qk_norm=True)
+    s.check(
+        sum(section) == cfg.head_dim // 2,
+        f"mrope_section {list(section)} must add up to head_dim / 2 = {cfg.head_dim // 2}",
+    )
+    return cfg, section
 
 
 def _text_rope(s: JsonSection) -> tuple[float, tuple[int, int, int]]:
@@ -156,11 +121,12 @@ def _text_rope(s: JsonSection) -> tuple[float, tuple[int, int, int]]:
 
 
 @dataclass(frozen=True)
-class ModelConfig:
+class ModelConfig(CheckpointConfig):
     """The whole model: vision tower (with its mergers), text tower, the vision special tokens."""
 
     vision: VisionConfig
     text: TextConfig
+    mrope_section: tuple[int, int, int]  # the text tower's RoPE frequencies from the (t, h, w) rows
     image_token_id: int
     video_token_id: int
     vision_start_token_id: int
@@ -168,20 +134,15 @@ class ModelConfig:
     tie_word_embeddings: bool
 
     @classmethod
-    def from_dir(cls, model_dir: Path | str) -> "ModelConfig":
-        path = Path(model_dir) / CONFIG_FILE
-        return cls.from_dict(read_json_object(path, "config"), source=str(path))
-
-    @classmethod
-    def from_dict(cls, data: dict, source: str = CONFIG_FILE) -> "ModelConfig":
-        s = JsonSection(data, source, "")
+    def from_section(cls, s: JsonSection) -> "ModelConfig":
         model_type = s.get("model_type", str)
         s.check(model_type == MODEL_TYPE, f"model_type {model_type!r} is not a Qwen3-VL checkpoint ({MODEL_TYPE!r})")
         vision = VisionConfig.from_section(s.section("vision_config"))
-        text = TextConfig.from_section(s.section("text_config"))
+        text, section = text_config(s.section("text_config"))
         cfg = cls(
             vision=vision,
             text=text,
+            mrope_section=section,
             image_token_id=s.get("image_token_id", int, 151655),
             video_token_id=s.get("video_token_id", int, 151656),
             vision_start_token_id=s.get("vision_start_token_id", int, 151652),

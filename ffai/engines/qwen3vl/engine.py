@@ -1,6 +1,6 @@
 """The engine object behind the ``qwen3-vl`` entry point: its info, its cheap checks from the
-checkpoint's files, the pixel budgets it takes from the core's options, and where its three
-stages are built (``ffai.engines.qwen3vl.stages``).
+checkpoint's files, the pixel budgets it takes from the core's options, and its three stages
+(``ffai.engines.qwen3vl.stages``, built on the kit).
 
 Light on purpose: ``ffai engines`` imports it, so torch and the tokenizer load only inside the
 calls that need them.
@@ -12,25 +12,21 @@ from pathlib import Path
 
 from ffai.engines.contract import DecodingOptions, EngineInfo, StageSpec
 from ffai.errors import ModelError, UsageError
+from ffai.kit.stages import stage_specs
 
-INFO = EngineInfo(
-    name="qwen3-vl",
-    task="vlm",
-    # experimental until its oracle gates (tests/test_qwen3vl_*.py) hold at the real shapes in CI
-    status="experimental",
-    description=(
-        "Qwen3-VL (2B, 4B Instruct) in plain PyTorch: ViT with DeepStack, Qwen3 text tower with "
-        "interleaved multimodal RoPE; stills resized to a pixel budget, windows as video with their times"
-    ),
-    default_model="qwen3-vl-2b-instruct",
+# experimental until its oracle gates (tests/test_qwen3vl_*.py) hold at the real shapes in CI
+DESCRIPTION = (
+    "Qwen3-VL (2B, 4B Instruct) in plain PyTorch: ViT with DeepStack, Qwen3 text tower with "
+    "interleaved multimodal RoPE; stills resized to a pixel budget, windows as video with their times"
 )
+INFO = EngineInfo("qwen3-vl", "vlm", "experimental", DESCRIPTION, default_model="qwen3-vl-2b-instruct")
 
 STILL_PROMPT = "Describe this image."
 VIDEO_PROMPT = "Describe what happens in this video."
 # Times are not known before decoding: the widest a window's frame times from its start write
 # (one decimal), for a window under ten hours, so a window that passes here fits at any times.
 WIDEST_TIME = 35999.9
-STAGES = "ffai.engines.qwen3vl.stages"  # the heavy module, imported where a stage is built
+STAGES = "ffai.engines.qwen3vl.stages:STAGES"  # imported where a stage is built
 
 
 def prompt_text(options: DecodingOptions, *, still: bool) -> str:
@@ -102,11 +98,11 @@ class Qwen3VLEngine:
     bench = "ffai.engines.qwen3vl.bench:HOOKS"  # ffai bench vlm's hooks (transformers as the reference)
 
     def kernels(self, flags: frozenset[str]) -> dict:
-        """What runs each dtype's linears (and the vision attention) on a CPU with ``flags`` and the
-        dtype for throughput there, for ``ffai engines`` (torch-free: kernels' rules of the flags)."""
-        from ffai.engines.qwen3vl.kernels import report, throughput_dtype
+        """What runs each dtype's linears (and the vision attention) on a CPU with ``flags``, for
+        ``ffai engines`` (torch-free: the precision rules read the flags alone)."""
+        from ffai.engines.qwen3vl.precision import report
 
-        return {"throughput_dtype": throughput_dtype(flags), "dtypes": report(flags)}
+        return report(flags)
 
     def check_window(self, model_dir: Path, frames: int, options: DecodingOptions) -> None:
         """Refuse, before any weight loads, a folder whose files disagree or a window whose
@@ -133,12 +129,7 @@ class Qwen3VLEngine:
             )
 
     def stages(self) -> tuple[StageSpec, ...]:
-        # Preprocessing shares the vision worker: it is light, and its pictures then stay local.
-        return (
-            StageSpec("preprocess", f"{STAGES}:preprocess_stage", process="vision"),
-            StageSpec("vision", f"{STAGES}:vision_stage", process="vision"),
-            StageSpec("text", f"{STAGES}:text_stage", process="text"),
-        )
+        return stage_specs(STAGES)
 
 
 ENGINE = Qwen3VLEngine()
@@ -149,9 +140,9 @@ def check_files_agree(model_dir: Path, config, builder) -> None:
     tokens are the ids the model replaces, and every tensor the index names is there with the
     config's shape (headers only: nothing is loaded). A mixed or incomplete folder would
     otherwise fail only after loading."""
-    from ffai.engines.qwen3vl.config import CONFIG_FILE
     from ffai.engines.qwen3vl.prompt import IMAGE_PAD, VIDEO_PAD, VISION_END, VISION_START
-    from ffai.engines.qwen3vl.weights import plan_tensors
+    from ffai.engines.qwen3vl.weights import check_checkpoint
+    from ffai.kit.config_json import CONFIG_FILE
     from ffai.kit.tokenizing import TOKENIZER_FILE
 
     for token, ours, theirs in (
@@ -165,4 +156,4 @@ def check_files_agree(model_dir: Path, config, builder) -> None:
                 f"{model_dir / TOKENIZER_FILE}: {token} is token {ours}, but {model_dir / CONFIG_FILE} says "
                 f"{theirs}; the two files come from different checkpoints"
             )
-    plan_tensors(model_dir, config)
+    check_checkpoint(model_dir, config)

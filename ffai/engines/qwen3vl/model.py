@@ -5,8 +5,8 @@ Follows transformers 5.24's ``Qwen3VLModel.forward``: image (video) embeddings r
 features of images and videos are joined in prompt order over all visual positions, which the
 text tower adds to after its first layers; positions come from ``rope.rope_index``.
 
-A model may hold only some of its parts (``PARTS``): the pipeline's vision worker needs no text
-tower and the text worker no vision tower, so an absent part is ``None`` and costs no memory.
+A model may hold only some of its parts (``ffai.kit.model_parts``): "vision" makes visual tokens
+and DeepStack features from pixels, "text" (the kit's text tower) tokens.
 """
 
 from __future__ import annotations
@@ -14,17 +14,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 
 from ffai.errors import EngineError
+from ffai.kit.generate import Prompt
+from ffai.kit.model_parts import PARTS, PartedModel
+from ffai.kit.precision import EXACT_ATTENTION, VisionAttention
+from ffai.kit.text_tower import TextModel
 
 from .config import ModelConfig
-from .rope import rope_index
-from .text import TextModel
+from .rope import rope_index, rope_rows
 from .vision import VisionModel
-
-# "vision" makes visual tokens and DeepStack features from pixels; "text" makes tokens.
-PARTS = ("vision", "text")
 
 
 @dataclass(frozen=True)
@@ -35,36 +34,27 @@ class Visual:
     embeds: torch.Tensor
     deepstack: tuple[torch.Tensor, ...]
     grid_thw: torch.Tensor
+    video: bool = False  # the pictures are a video's frame pairs (its tokens are <|video_pad|>)
 
 
-class Qwen3VL(nn.Module):
-    def __init__(self, cfg: ModelConfig, parts: tuple[str, ...] = PARTS) -> None:
-        super().__init__()
-        unknown = set(parts) - set(PARTS)
-        if unknown or not parts:
-            raise ValueError(f"parts must be a non-empty subset of {PARTS}, got {parts!r}")
+class Qwen3VL(PartedModel):
+    def __init__(
+        self, cfg: ModelConfig, parts: tuple[str, ...] | None = PARTS, attention: VisionAttention = EXACT_ATTENTION
+    ) -> None:
+        super().__init__(parts)
         self.cfg = cfg
-        self.parts = tuple(p for p in PARTS if p in parts)
-        self.visual = VisionModel(cfg.vision) if "vision" in parts else None
-        self.text = TextModel(cfg.text, cfg.tie_word_embeddings) if "text" in parts else None
+        self.visual = VisionModel(cfg.vision, attention) if "vision" in self.parts else None
+        self.text = TextModel(cfg.text, cfg.tie_word_embeddings) if "text" in self.parts else None
 
     @property
     def dtype(self) -> torch.dtype:
         """The activations' dtype: the norms' (float32 also when linears are bfloat16)."""
         return (self.text.norm.weight if self.text is not None else self.visual.merger.norm.weight).dtype
 
-    @property
-    def device(self) -> torch.device:
-        return next(self.parameters()).device
-
-    def _require(self, part: str) -> None:
-        if part not in self.parts:
-            raise EngineError(f"this model was loaded without its {part} part (parts={self.parts})")
-
     @torch.no_grad()
-    def encode(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> Visual:
-        """The processor's (N, patch values) ``pixel_values`` (or ``pixel_values_videos``) and their
-        (n, 3) grids -> :class:`Visual`."""
+    def encode(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor, video: bool = False) -> Visual:
+        """The processor's (N, patch values) ``pixel_values`` (or ``pixel_values_videos``, ``video``)
+        and their (n, 3) grids -> :class:`Visual`."""
         self._require("vision")
         vision = self.cfg.vision
         grid_thw = torch.as_tensor(grid_thw, dtype=torch.long).cpu().reshape(-1, 3)
@@ -81,7 +71,7 @@ class Qwen3VL(nn.Module):
                 f"{pixel_values.shape[0]}"
             )
         embeds, deepstack = self.visual(pixel_values.to(self.device, self.dtype), grid_thw)
-        return Visual(embeds, tuple(deepstack), grid_thw)
+        return Visual(embeds, tuple(deepstack), grid_thw, video)
 
     def positions(
         self, input_ids: torch.Tensor, images: Visual | None, videos: Visual | None
@@ -141,3 +131,23 @@ class Qwen3VL(nn.Module):
             joint[at_video] = video_feature
             features.append(joint)
         return x, (both, features)
+
+    def prompt(self, encoded) -> Prompt:
+        """What the text tower takes for the vision stage's output (``ffai.kit.stages.Encoded``):
+        the embeddings with the visual tokens in place, the RoPE rows of the prompt's multimodal
+        positions, the delta that places every later token, and the DeepStack features."""
+        visual = encoded.visual
+        images, videos = (None, visual) if visual is not None and visual.video else (visual, None)
+        return self.prompt_of(torch.as_tensor(encoded.input_ids, dtype=torch.long), images, videos)
+
+    @torch.no_grad()
+    def prompt_of(self, input_ids: torch.Tensor, images: Visual | None, videos: Visual | None) -> Prompt:
+        """One prompt's ids (and the vision tower's outputs for its images or videos) -> :class:`Prompt`."""
+        ids = torch.as_tensor(input_ids, dtype=torch.long)
+        if ids.dim() > 2 or (ids.dim() == 2 and ids.shape[0] != 1):
+            raise EngineError(f"a prompt is one sequence of ids, got input_ids of shape {tuple(ids.shape)}")
+        ids = ids.reshape(1, -1)  # (1, T)
+        positions, delta = self.positions(ids, images, videos)  # (3, 1, T)
+        x, deepstack = self.embed(ids, images, videos)
+        rope = rope_rows(positions[:, 0].to(x.device), self.cfg.text, self.cfg.mrope_section, self.text.dtype)
+        return Prompt(x, rope, delta, deepstack)

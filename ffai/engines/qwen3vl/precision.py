@@ -1,66 +1,144 @@
-"""What ``--dtype`` means for Qwen3-VL on a CPU, decided in one place: :func:`plan_precision`.
-
-A :class:`PrecisionPlan` says which layer each linear becomes (the classes of
-``ffai.kit.opt_in_linears``), which parameters are held in the low dtype and which stay float32; the
-loader (``weights.load_model``) applies it as it reads the tensors, and nothing else branches on
-the dtype. ``ffai.kit.host`` reports the CPU's flags; the rules that turn them into choices are
-``kernels.py``'s (torch-free, so ``ffai engines`` reports the same choices); this module builds
-the plan and the layers from them.
-"""
+"""Qwen3-VL's precision choices, from the stage-by-stage probe at the 2B shapes
+(docs/precision-and-speed.md, Qwen3-VL section): which linears stay wider than the dtype and which
+kernel takes each on a CPU with given flags (rules of the flags alone: ``report`` says them for
+``ffai engines`` without torch), how the vision tower attends, how the KV cache is held
+(``plan_precision``, the kit's ``PrecisionPlan``)."""
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-
-from ffai.engines.contract import DTYPES
-from ffai.engines.qwen3vl.kernels import BF16_ONEDNN as BF16_ONEDNN
-from ffai.engines.qwen3vl.kernels import FLOAT32 as FLOAT32
-from ffai.engines.qwen3vl.kernels import HEAD as HEAD
-from ffai.engines.qwen3vl.kernels import INT8 as INT8
-from ffai.engines.qwen3vl.kernels import INT8_BY_ROW as INT8_BY_ROW
-from ffai.engines.qwen3vl.kernels import INT8_BY_ROW_LAYERS as INT8_BY_ROW_LAYERS
-from ffai.engines.qwen3vl.kernels import INT8_FULL_RANGE_FLAGS as INT8_FULL_RANGE_FLAGS
-from ffai.engines.qwen3vl.kernels import INT8_ONEDNN as INT8_ONEDNN
-from ffai.engines.qwen3vl.kernels import MERGERS as MERGERS
-from ffai.engines.qwen3vl.kernels import PLAIN as PLAIN
-from ffai.engines.qwen3vl.kernels import VISION as VISION
-from ffai.engines.qwen3vl.kernels import WIDE_TEXT as WIDE_TEXT
-from ffai.engines.qwen3vl.kernels import WIDE_VISION as WIDE_VISION
-from ffai.engines.qwen3vl.kernels import bfloat16_linears, int8_linears, native_bf16_flags, vision_attention_bf16
-from ffai.errors import UsageError
 from ffai.kit import host
-from ffai.kit.opt_in_linears import onednn_bf16 as onednn_bf16
+from ffai.kit import linear_kinds as kinds
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ffai.kit.precision import PrecisionPlan
+
+# The patch mergers (main and DeepStack) take 4096 concatenated values a row: one shared
+# activation range loses the most there, as SmolVLM's connector did.
+VISION, MERGERS, HEAD, REST = r"visual\.", r"visual\.(merger|deepstack_merger_list\.\d+)\.", r"text\.lm_head$", r"."
+# Layers kept wider than the dtype: their rounding is carried through every later layer. Which
+# ones was measured stage by stage at the 2B shapes (docs/precision-and-speed.md).
+WIDE_VISION, WIDE_TEXT = r"visual\.blocks\.[0-3]\.", r"text\.layers\.[0-3]\."
+# Without native bfloat16 only these int8 linears keep their rows unquantised (float32 rows):
+# the down projections' inputs span the widest ranges from token to token.
+INT8_BY_ROW_LAYERS = rf"text\.layers\.\d+\.mlp\.down_proj$|{MERGERS}"
+LABELS = {
+    WIDE_VISION: "first 4 vision blocks",
+    WIDE_TEXT: "first 4 text layers",
+    VISION: "vision tower (blocks, mergers)",
+    INT8_BY_ROW_LAYERS: "patch mergers, text MLP down projections",
+    HEAD: "LM head",
+    REST: "other text linears",
+}
+# The report names its choices by the flags alone; the plan also asks torch (onednn_bf16), and a
+# torch whose oneDNN lacks bfloat16 on a CPU that has it makes the plan take the other recipe.
+ASKS_TORCH = "native bfloat16 by the flags; where torch's oneDNN lacks it, the plan runs the no-bfloat16 recipe"
 
 
-@dataclass(frozen=True)
-class PrecisionPlan:
-    """One load's precision, made by :func:`plan_precision`."""
+def int8_linears(flags: frozenset[str], bf16: bool) -> tuple[tuple[str, str], ...]:
+    """int8's (module-name pattern, kind) on a CPU with ``flags`` (``bf16``: oneDNN multiplies
+    bfloat16 natively), the first match winning."""
+    wide = kinds.BF16_ONEDNN if bf16 else kinds.FLOAT32
+    tile = kinds.INT8_ONEDNN if flags & kinds.ONEDNN_INT8_FLAGS else kinds.INT8
+    if bf16:
+        # The vision tower whole in bfloat16: at 2B its int8 (first four blocks wide) moved the
+        # features by 0.0003 only, but the prefill logits to 0.9955, under int8's 0.996 margin;
+        # the text tower turns every visual token's and DeepStack feature's change into logits.
+        return ((VISION, kinds.BF16_ONEDNN), (WIDE_TEXT, wide), (HEAD, kinds.INT8), (REST, kinds.INT8_BY_ROW))
+    return (
+        (WIDE_VISION, wide),
+        (WIDE_TEXT, wide),
+        (INT8_BY_ROW_LAYERS, kinds.INT8_BY_ROW),
+        (VISION, tile),
+        (REST, kinds.INT8),
+    )
 
-    dtype: str  # as asked, in ffai.engines.contract.DTYPES' words
-    weights: torch.dtype  # the low-precision parameters' dtype (float32 for int8: its linears are made from it)
-    embeddings: torch.dtype  # the token embedding table's
-    linears: tuple[tuple[str, str], ...]  # (module-name pattern, kind), the first match wins; none: PLAIN
-    reduce_range: bool  # int8 activations quantised to 7 bits (QuantizedLinear)
-    rows_dtype: torch.dtype  # RowScaledLinear multiplies several rows in this dtype
-    vision_attention: torch.dtype | None  # the vision tower's SDPA dtype (None: its activations', float32)
-    kv_cache: torch.dtype | None = None  # the text tower's cache and decode attention (None: float32)
 
-    def linear(self, name: str) -> str:
-        """The kind of layer the linear called ``name`` (``text.lm_head``, ...) becomes."""
-        return next((kind for pattern, kind in self.linears if re.match(pattern, name)), PLAIN)
+def bfloat16_linears(bf16: bool) -> tuple[tuple[str, str], ...]:
+    """bfloat16's (module-name pattern, kind), the first match winning: the text tower's first
+    four layers in float32, every other linear packed for oneDNN where it multiplies bfloat16
+    natively (``bf16``), else a plain bfloat16 linear."""
+    return ((WIDE_TEXT, kinds.FLOAT32), (REST, kinds.BF16_ONEDNN)) if bf16 else ((WIDE_TEXT, kinds.FLOAT32),)
 
 
-def plan_precision(dtype: str, cpu: host.CpuInfo | None = None) -> PrecisionPlan:
-    """The plan for a CPU load in ``dtype`` on a machine with ``cpu`` (default: this one's).
+def vision_attention_bf16(flags: frozenset[str], bf16: bool) -> bool:
+    """Whether the opt-in dtypes' vision tower attends in bfloat16: a still's patches attend as one
+    segment (12 288 rows at 2B's default budget) and float32 SDPA was the largest share of its
+    vision tower; torch's bfloat16 flash attention is fast where oneDNN has AMX-BF16 tiles
+    (SmolVLM measured it no faster on AVX512_BF16 alone)."""
+    return bf16 and "amx_bf16" in flags
+
+
+def _bf16_onednn(flags: frozenset[str]) -> str:
+    return f"bfloat16 on oneDNN{' (AMX)' if 'amx_bf16' in flags else ''}, weight reordered once"
+
+
+def _int8_kernel(pattern: str, kind: str, flags: frozenset[str], bf16: bool, earlier: tuple[str, ...]) -> kinds.Kernel:
+    # The first match wins: after the wide blocks and the mergers, the vision pattern holds the rest.
+    label = "other vision blocks" if pattern == VISION and WIDE_VISION in earlier else LABELS[pattern]
+    bits = kinds.int8_bits(flags)
+    if kind == kinds.BF16_ONEDNN and pattern == VISION:
+        why = f"its int8 cost the 2B prefill logits the 0.996 margin; {ASKS_TORCH}"
+        return kinds.Kernel(label, f"{_bf16_onednn(flags)}, not int8", why)
+    if kind in (kinds.BF16_ONEDNN, kinds.FLOAT32):
+        weights = (
+            f"{_bf16_onednn(flags)}, not int8" if kind == kinds.BF16_ONEDNN else "float32, torch's default, not int8"
+        )
+        return kinds.Kernel(label, weights, "their rounding grows through every later layer")
+    if kind == kinds.INT8_ONEDNN:
+        why = (
+            "AMX-INT8 tiles"
+            if "amx_int8" in flags
+            else "AVX-512 VNNI: exact 32-bit sums, faster than fbgemm on many rows"
+        )
+        return kinds.Kernel(label, f"int8 x int8 on oneDNN, {bits} activations per call", why)
+    if kind == kinds.INT8:
+        why = "fbgemm's int8 kernels, fastest for one row" if pattern == HEAD else "fbgemm's int8 kernels"
+        if pattern == VISION:
+            why = "no native bfloat16 (slower than float32 here); this recipe's 2B agreement is not measured"
+        return kinds.Kernel(label, f"int8 x int8 on fbgemm, {bits} activations per call", why)
+    return kinds.Kernel(label, *kinds.by_row_kernel(flags, bf16))
+
+
+def _vision_attention(flags: frozenset[str], bf16: bool) -> kinds.Kernel:
+    if vision_attention_bf16(flags, bf16):
+        return kinds.Kernel("vision attention", "bfloat16 SDPA (AMX)", "a still's patches attend as one long segment")
+    why = "AVX512_BF16 alone: bfloat16 attention no faster" if bf16 else "no AMX-BF16"
+    return kinds.Kernel("vision attention", "float32 SDPA", why)
+
+
+def report(flags: frozenset[str]) -> dict[str, list[dict[str, str]]]:
+    """Each dtype's kernels on a CPU with ``flags``, as ``ffai engines`` prints them."""
+    bf16 = host.native_bf16(flags)
+    attention = _vision_attention(flags, bf16)
+    rules = int8_linears(flags, bf16)
+    int8 = [_int8_kernel(p, k, flags, bf16, tuple(q for q, _ in rules[:i])) for i, (p, k) in enumerate(rules)]
+    bfloat16 = [
+        kinds.Kernel(LABELS[p], "float32, torch's default", "the prefill logits' margin over the gate")
+        if k == kinds.FLOAT32
+        else kinds.Kernel("other linears", _bf16_onednn(flags), ASKS_TORCH)
+        for p, k in bfloat16_linears(bf16)
+    ]
+    if len(bfloat16) == 1:  # no rule for the rest: each a plain linear in the plan's bfloat16
+        bfloat16.append(
+            kinds.Kernel("other linears", "bfloat16, torch's default", "no native bfloat16: slower than float32")
+        )
+    return {
+        "float32": [kinds.Kernel("every linear", "float32, torch's default", "the exact path")._asdict()],
+        "int8": [k._asdict() for k in (*int8, attention)],
+        "bfloat16": [k._asdict() for k in (*bfloat16, attention)],
+    }
+
+
+def plan_precision(dtype: str, device: str = "cpu", cpu: host.CpuInfo | None = None) -> PrecisionPlan:
+    """The plan for a load in ``dtype`` on ``device`` on a machine with ``cpu`` (default: this one's).
 
     - float32: everything as the checkpoint has it; the exact path.
     - bfloat16: every linear weight, the patch embedding and the embedding table (which the LM head
       shares) in bfloat16 but the text tower's first four layers (float32); norms and so the
-      residual streams float32.
-      Where oneDNN multiplies bfloat16 natively each bfloat16 linear is reordered once for it.
+      residual streams float32. Where oneDNN multiplies bfloat16 natively each bfloat16 linear is
+      reordered once for it.
     - int8: the text tower's linears int8 weights with one scale per output row but its first
       four layers (bfloat16 where native, else float32), multiplying bfloat16 rows where bfloat16
       is native (else only the down projections by row, in float32; the rest int8 x int8 on
@@ -68,54 +146,27 @@ def plan_precision(dtype: str, cpu: host.CpuInfo | None = None) -> PrecisionPlan
       The vision tower in bfloat16 where native; elsewhere int8 x int8 (fbgemm) but its first
       four blocks (float32) and its mergers (by row).
     - bfloat16 and int8 where bfloat16 is native: the KV cache bfloat16, and a decode step's
-      attention over it."""
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
-    cpu = host.cpu_info() if cpu is None else cpu
-    # Both torch and the flags must say so: on a real CPU they agree; a plan for another CPU's
-    # flags (tests) then gets that CPU's recipe.
-    bf16 = onednn_bf16() and native_bf16_flags(cpu.flags)
+      attention over it (a still's cache is held from its prefill to its last token, a large
+      share of the peak; a prefill attends as computed)."""
+    import torch
+
+    from ffai.kit.precision import EXACT_ATTENTION, Machine, VisionAttention
+
+    machine = Machine.of(dtype, device, cpu)
+    bf16 = machine.native_bf16
     if dtype == "int8":
-        linears = int8_linears(cpu.flags, bf16)
+        linears = int8_linears(machine.flags, bf16)
     elif dtype == "bfloat16":
         linears = bfloat16_linears(bf16)
     else:
         linears = ()
-    return PrecisionPlan(
-        dtype=dtype,
-        weights=torch.bfloat16 if dtype == "bfloat16" else torch.float32,
-        # The table in bfloat16 in both: a float32 one lifted bfloat16's logits cosine by 0.00007
-        # only, for 0.6 GB at 2B that int8's peak RSS target (half float32's) needs.
-        embeddings=torch.float32 if dtype == "float32" else torch.bfloat16,
-        linears=linears,
-        reduce_range=not cpu.flags & INT8_FULL_RANGE_FLAGS,
-        rows_dtype=torch.bfloat16 if bf16 else torch.float32,
-        vision_attention=torch.bfloat16 if dtype != "float32" and vision_attention_bf16(cpu.flags, bf16) else None,
-        # A still's cache is held from its prefill to its last token, a large share of the peak:
-        # bfloat16 where native, read by the decode steps only (a prefill attends as computed).
-        kv_cache=torch.bfloat16 if dtype != "float32" and bf16 else None,
+    low = torch.bfloat16 if machine.opt_in else None
+    return machine.plan(
+        linears,
+        float32_parts=("visual", "text"),
+        # The table in bfloat16 in both opt-in dtypes: a float32 one barely moved bfloat16's logits,
+        # and int8's peak memory target (half float32's) needs its size (docs/benchmarks.md).
+        embeddings=low or torch.float32,
+        attention=VisionAttention(low) if low and vision_attention_bf16(machine.flags, bf16) else EXACT_ATTENTION,
+        kv_cache=low if bf16 else None,
     )
-
-
-def build_linear(kind: str, weight: torch.Tensor, bias: torch.Tensor | None, plan: PrecisionPlan):
-    """The layer of ``kind`` for a float ``weight`` (out, in) and ``bias`` (None for PLAIN/FLOAT32:
-    the loader keeps those as ``layers.Linear``)."""
-    from ffai.kit.opt_in_linears import OneDnnInt8Linear, PackedBf16Linear, QuantizedLinear, RowScaledLinear
-
-    if kind == BF16_ONEDNN:
-        return PackedBf16Linear(weight, bias)
-    if kind == INT8:
-        return QuantizedLinear(weight, bias, reduce_range=plan.reduce_range)
-    if kind == INT8_ONEDNN:
-        return OneDnnInt8Linear(weight, bias)
-    if kind == INT8_BY_ROW:
-        int_mm = not plan.reduce_range  # torch._int_mm's int32 sums are exact only with VNNI/AMX
-        return RowScaledLinear(weight, bias, rows_dtype=plan.rows_dtype, int_mm=int_mm)
-    return None
-
-
-def device_for(dtype: str, device: str) -> str:
-    """The torch device a load in ``dtype`` runs on: int8's kernels are the CPU's only."""
-    if dtype == "int8" and device.startswith("cuda"):
-        raise UsageError("--dtype int8 runs on the CPU only; use --device cpu or another --dtype")
-    return "cpu" if dtype == "int8" else device

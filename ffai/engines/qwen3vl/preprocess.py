@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from ffai.errors import MediaError, ModelError, UsageError
 from ffai.kit.config_json import read_json_object
+from ffai.kit.pictures import resize_tensor, rgb_tensor
 from ffai.media import MAX_SIDE
 
 if TYPE_CHECKING:  # pragma: no cover - typing only; torch and PIL load lazily
@@ -169,7 +170,7 @@ def preprocess_images(images: Sequence[Image.Image], cfg: ProcessorConfig) -> Pi
     sizes = [image_size(image.height, image.width, cfg) for image in images]
     frames, grids = [], []
     for image, (height, width) in zip(images, sizes):
-        frames.append(resize_tensor(rgb_tensor(image), (height, width)))  # (1, 3, height, width)
+        frames.append(resize_tensor(rgb_tensor(image), (height, width), BICUBIC))  # (1, 3, height, width)
         grids.append((1, height // cfg.patch_size, width // cfg.patch_size))
     return Pictures(frames, torch.tensor(grids, dtype=torch.long).view(-1, 3))
 
@@ -202,42 +203,6 @@ def check_picture_size(height: int, width: int) -> None:
         raise MediaError(f"picture of {width}x{height} pixels: each side must be 1..{MAX_SIDE}")
     if max(height, width) / min(height, width) > MAX_ASPECT:
         raise MediaError(f"picture of {width}x{height} pixels: Qwen3-VL takes aspect ratios up to {MAX_ASPECT}:1")
-
-
-def rgb_tensor(image: Image.Image) -> torch.Tensor:
-    """(1, 3, H, W) uint8, contiguous: the picture converted as ``to_rgb`` converts it, laid out as
-    the torchvision processors lay it out before resizing."""
-    import torch
-
-    rgb = to_rgb(image)
-    x = torch.frombuffer(bytearray(rgb.tobytes()), dtype=torch.uint8).view(1, rgb.height, rgb.width, 3)
-    return x.permute(0, 3, 1, 2).contiguous()
-
-
-def to_rgb(image: Image.Image) -> Image.Image:
-    """RGB as ``transformers.image_transforms.convert_to_rgb`` converts a PIL picture: one with an
-    "A" band or a ``transparency`` entry is composited onto white, any other mode goes through
-    Pillow's ``convert("RGB")``. A mode Pillow cannot convert is a MediaError."""
-    from PIL import Image
-
-    try:
-        if "A" in image.getbands() or image.info.get("transparency") is not None:
-            rgba = image.convert("RGBA")
-            white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-            return Image.alpha_composite(white, rgba).convert("RGB")
-        return image.convert("RGB")
-    except ValueError as e:
-        raise MediaError(f"cannot convert a {image.mode} image to RGB: {e}") from e
-
-
-def resize_tensor(x: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
-    """(n, 3, h, w) uint8 -> (n, 3, *size): torchvision's bicubic antialiased resize on a CPU, which
-    is this interpolate call on the uint8 tensor itself; nothing is done where the size is right."""
-    import torch.nn.functional as F
-
-    if tuple(x.shape[-2:]) == tuple(size):
-        return x
-    return F.interpolate(x, size=list(size), mode="bicubic", align_corners=False, antialias=True)
 
 
 def patchify(x: torch.Tensor, cfg: ProcessorConfig) -> torch.Tensor:

@@ -17,12 +17,11 @@ added (its post-processor adds none; the template writes ``<|im_start|>`` itself
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
-from ffai.errors import ModelError, UsageError
-from ffai.kit.tokenizing import TextStream, files_stamp, read_prompt_files, require_token
+from ffai.errors import UsageError
+from ffai.kit.tokenizing import ChatPrompts
 
 from .preprocess import ProcessorConfig
 from .video_frames import pair_times, video_grid, widest_video_tokens
@@ -47,48 +46,28 @@ def timestamp(seconds: float) -> str:
     return f"<{seconds:.1f} seconds>"
 
 
-class PromptBuilder:
+class PromptBuilder(ChatPrompts):
     """Chat template + placeholder expansion + tokeniser of one checkpoint."""
 
     def __init__(self, tokenizer: Tokenizer, chat_template: Any, eos_ids: tuple[int, ...], source: Path):
-        self._tokenizer = tokenizer
-        self._template = chat_template  # a compiled jinja2 template
-        self._source = source
-        ids = {token: require_token(tokenizer, token, source, QWEN_ONLY) for token in REQUIRED_TOKENS}
+        super().__init__(tokenizer, chat_template, eos_ids, source)
+        ids = {token: self.token_id(token, QWEN_ONLY) for token in REQUIRED_TOKENS}
         self.image_token_id = ids[IMAGE_PAD]
         self.video_token_id = ids[VIDEO_PAD]
         self.vision_start_id = ids[VISION_START]
         self.vision_end_id = ids[VISION_END]
         self.im_end_id = ids[IM_END]
-        self._eos_ids = eos_ids
 
-    @classmethod
-    def from_dir(cls, model_dir: Path) -> PromptBuilder:
-        """The checkpoint's builder, one per process while its files are unchanged (Qwen's
-        tokenizer is ~11 MB of JSON; the stages of one process share it)."""
-        model_dir = Path(model_dir).resolve()
-        return _shared_builder(cls, model_dir, files_stamp(model_dir))
-
-    @classmethod
-    def load(cls, model_dir: Path) -> PromptBuilder:
-        """A new builder read from ``model_dir``'s files (``from_dir`` shares one)."""
-        return cls(*read_prompt_files(Path(model_dir)))
-
-    def render(self, content: list[dict], text: str) -> str:
-        """The chat template's text for one user turn: ``content`` (pictures), then ``text``."""
+    def render(self, content: list[dict], text: str, template: Any = None) -> str:
         for token in (IMAGE_PAD, VIDEO_PAD):
             if token in text:
                 # The reference would take it for one more picture and fail; refuse it plainly.
                 raise UsageError(f"the prompt must not contain {token}")
-        messages = [{"role": "user", "content": [*content, {"type": "text", "text": text}]}]
-        try:
-            return self._template.render(messages=messages, tools=None, documents=None, add_generation_prompt=True)
-        except Exception as e:  # a template is code from the checkpoint: any failure is the checkpoint's
-            raise ModelError(f"{self._source.parent}: chat template failed: {e}") from e
+        return super().render(content, text, template)
 
     def build_images(self, grids: Sequence[tuple[int, int, int]], text: str, cfg: ProcessorConfig) -> list[int]:
         """Token ids of the prompt for stills with these (t, h, w) grids (``Pictures.grids``) and ``text``."""
-        pieces = self._split(self.render([{"type": "image"}] * len(grids), text), IMAGE_PAD, len(grids))
+        pieces = self.split(self.render([{"type": "image"}] * len(grids), text), IMAGE_PAD, len(grids))
         expanded = [pieces[0]]
         for grid, piece in zip(grids, pieces[1:]):
             expanded += [IMAGE_PAD * cfg.tokens(grid), piece]
@@ -106,7 +85,7 @@ class PromptBuilder:
         clip = "".join(f"{timestamp(t)}{VISION_START}{per_pair}{VISION_END}" for t in pairs)
         rendered = self.render([{"type": "video"}], text)
         placeholder = VIDEO_WRAPPED if VIDEO_WRAPPED in rendered else VIDEO_PAD
-        before, after = self._split(rendered, placeholder, 1)
+        before, after = self.split(rendered, placeholder, 1)
         return self.encode(before + clip + after)
 
     def count_tokens(
@@ -133,32 +112,7 @@ class PromptBuilder:
         text_tokens = len(self.build_video(one_pad, [widest_time] * n, text, cfg)) - pairs
         return text_tokens + widest_video_tokens(n_frames, cfg)
 
-    def encode(self, prompt: str) -> list[int]:
-        return self._tokenizer.encode(prompt, add_special_tokens=False).ids
-
-    def decode(self, ids: Sequence[int]) -> str:
-        """Text of generated ids, special tokens dropped (the reference's batch_decode with
-        skip_special_tokens=True; clean_up_tokenization_spaces is false for this tokenizer)."""
-        return self._tokenizer.decode(list(ids), skip_special_tokens=True)
-
-    def text_stream(self) -> TextStream:
-        """An incremental ``decode`` for one answer, fed one generated id at a time."""
-        return TextStream(self.decode)
-
     def stop_ids(self) -> tuple[int, ...]:
         """Ids that end a caption: generation_config.json's eos ids (<|im_end|>, <|endoftext|>),
         else <|im_end|>, the end of the assistant's turn."""
         return self._eos_ids or (self.im_end_id,)
-
-    def _split(self, rendered: str, placeholder: str, count: int) -> list[str]:
-        pieces = rendered.split(placeholder)
-        if len(pieces) != count + 1:
-            raise ModelError(
-                f"{self._source.parent}: chat template wrote {len(pieces) - 1} {placeholder} for {count} pictures"
-            )
-        return pieces
-
-
-@functools.lru_cache(maxsize=4)
-def _shared_builder(cls: type[PromptBuilder], model_dir: Path, stamp: tuple) -> PromptBuilder:
-    return cls.load(model_dir)  # a failure raises and is not kept: the next call reads again

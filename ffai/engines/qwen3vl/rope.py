@@ -8,10 +8,12 @@ each), as its frames are separated by their ``<t seconds>`` timestamps in the pr
 (last position + 1 - prompt length) places every later token: generated token i sits at
 ``prompt length + i + delta`` on all three rows.
 
-``mrope_cos_sin`` follows ``Qwen3VLTextRotaryEmbedding`` with ``mrope_interleaved``: frequency j
+``rope_rows`` follows ``Qwen3VLTextRotaryEmbedding`` with ``mrope_interleaved``: frequency j
 takes its angle from the height row where j % 3 == 1 and j < 3 * section[1], from the width row
 where j % 3 == 2 and j < 3 * section[2], else from the time row. The selection is made on the
-angles before cos/sin, which are elementwise, so the values are the reference's bit for bit.
+angles before cos/sin, which are elementwise, so the values are the reference's bit for bit. Where
+the three rows are equal (every token after the prompt) the angles are plain RoPE's, so the text
+tower's own table gives those tokens' rows (``ffai.kit.generate``).
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from typing import Sequence
 import torch
 
 from ffai.errors import EngineError
+from ffai.kit.rope import inv_freq, rotary
+from ffai.kit.text_config import TextConfig
 
 TEXT, IMAGE, VIDEO = 0, 1, 2
 
@@ -90,11 +94,6 @@ def rope_index(
     return positions.view(3, 1, -1), delta
 
 
-def inv_freq(head_dim: int, theta: float, device=None) -> torch.Tensor:
-    """(head_dim/2,) inverse frequencies, computed as the reference computes them."""
-    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim))
-
-
 def mrope_angles(positions: torch.Tensor, freqs: torch.Tensor, section: Sequence[int]) -> torch.Tensor:
     """(3, T) positions -> (T, head_dim/2) angles, interleaved by ``section``."""
     angles = positions.float()[..., None] * freqs  # (3, T, hd/2)
@@ -105,16 +104,9 @@ def mrope_angles(positions: torch.Tensor, freqs: torch.Tensor, section: Sequence
     return out
 
 
-def rotary(angles: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """(T, half) angles -> cos and signed sin of shape (T, 2*half) in the rotate-half layout; the
-    sin's first half is negated for :func:`apply_rope` (negation is exact)."""
-    emb = torch.cat((angles, angles), dim=-1)  # (T, hd)
-    sin = emb.sin()
-    sin[..., : angles.shape[-1]].neg_()
-    return emb.cos().to(dtype), sin.to(dtype)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """The reference's ``x * cos + rotate_half(x) * sin`` with rotate_half(x) = cat(-x2, x1): with the
-    sign in ``sin``, rotate_half is one roll, the same products and sum, so the same bits."""
-    return x * cos + x.roll(x.shape[-1] // 2, -1) * sin
+def rope_rows(
+    positions: torch.Tensor, cfg: TextConfig, section: Sequence[int], dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(3, T) positions -> cos and signed sin, (T, head_dim) each, for the text tower."""
+    freqs = inv_freq(cfg.head_dim, cfg.rope_theta, positions.device)
+    return rotary(mrope_angles(positions, freqs, section), dtype)

@@ -30,8 +30,9 @@ import math
 from typing import TYPE_CHECKING, Sequence
 
 from ffai.errors import MediaError
+from ffai.kit.pictures import resize_tensor, rgb_tensor
 
-from .preprocess import MAX_ASPECT, Pictures, ProcessorConfig, check_picture_size, resize_tensor, rgb_tensor
+from .preprocess import BICUBIC, MAX_ASPECT, Pictures, ProcessorConfig, check_picture_size
 
 if TYPE_CHECKING:  # pragma: no cover - typing only; torch and PIL load lazily
     from PIL import Image
@@ -62,7 +63,7 @@ def preprocess_video(images: Sequence[Image.Image], cfg: ProcessorConfig) -> Pic
     # One frame at a time: the reference resizes the stacked clip, but each frame's planes are
     # resized alone either way, and only one full-size frame is held at once (64 1080p frames: 400 MB).
     for i, image in enumerate(images):
-        x[i] = resize_tensor(rgb_tensor(image), (height, width))[0]
+        x[i] = resize_tensor(rgb_tensor(image), (height, width), BICUBIC)[0]
     x[len(images) :] = x[len(images) - 1]  # an odd count padded with the last frame
     grid = (n // cfg.temporal_patch_size, height // cfg.patch_size, width // cfg.patch_size)
     return Pictures([x], torch.tensor([grid], dtype=torch.long))

@@ -18,9 +18,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ffai.kit.linears import Linear
+from ffai.kit.precision import EXACT_ATTENTION, VisionAttention
+from ffai.kit.rope import apply_rope, inv_freq, rotary
+
 from .config import VisionConfig
-from .layers import Linear
-from .rope import apply_rope, inv_freq, rotary
 
 
 def interpolation(grid_thw: torch.Tensor, side: int, merge: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -72,8 +74,8 @@ class PatchEmbed(nn.Module):
     def __init__(self, cfg: VisionConfig) -> None:
         super().__init__()
         self.kernel = (cfg.temporal_patch_size, cfg.patch_size, cfg.patch_size)
-        self.in_channels, self.dim = cfg.in_channels, cfg.hidden_size
-        self.proj = nn.Conv3d(cfg.in_channels, cfg.hidden_size, self.kernel, stride=self.kernel, bias=True)
+        self.in_channels, self.dim = cfg.num_channels, cfg.hidden_size
+        self.proj = nn.Conv3d(cfg.num_channels, cfg.hidden_size, self.kernel, stride=self.kernel, bias=True)
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
         x = pixels.view(-1, self.in_channels, *self.kernel)  # (N, C, Tp, P, P)
@@ -86,12 +88,12 @@ class Attention(nn.Module):
     """Follows ``Qwen3VLVisionAttention`` with SDPA: q/k/v from one linear, 2D rotary in float32,
     then one SDPA call per segment (no mask; a patch sees its own image or frame pair only)."""
 
-    def __init__(self, cfg: VisionConfig) -> None:
+    def __init__(self, cfg: VisionConfig, attention_dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self.heads, self.head_dim = cfg.num_heads, cfg.head_dim
         self.qkv = Linear(cfg.hidden_size, 3 * cfg.hidden_size, bias=True)
         self.proj = Linear(cfg.hidden_size, cfg.hidden_size, bias=True)
-        self.attention_dtype: torch.dtype | None = None  # None: the activations'; else the precision plan's
+        self.attention_dtype = attention_dtype  # None: the activations'; else the precision plan's
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], lengths: list[int]) -> torch.Tensor:
         n = x.shape[0]
@@ -123,11 +125,11 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """Follows ``Qwen3VLVisionBlock``: pre-LayerNorm attention and MLP, each residual."""
 
-    def __init__(self, cfg: VisionConfig) -> None:
+    def __init__(self, cfg: VisionConfig, attention_dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(cfg.hidden_size, eps=1e-6)
         self.norm2 = nn.LayerNorm(cfg.hidden_size, eps=1e-6)
-        self.attn = Attention(cfg)
+        self.attn = Attention(cfg, attention_dtype)
         self.mlp = MLP(cfg)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], lengths: list[int]) -> torch.Tensor:
@@ -155,15 +157,16 @@ class PatchMerger(nn.Module):
 
 class VisionModel(nn.Module):
     """(N, patch values) pixels + (n, 3) grids -> (N/m^2, text D) tokens and one (N/m^2, text D)
-    DeepStack feature per entry of ``deepstack_visual_indexes``."""
+    DeepStack feature per entry of ``deepstack_visual_indexes``; attending as ``attention`` says
+    (the precision plan's: its dtype; Qwen3-VL's blocks never attend by blocks of rows)."""
 
-    def __init__(self, cfg: VisionConfig) -> None:
+    def __init__(self, cfg: VisionConfig, attention: VisionAttention = EXACT_ATTENTION) -> None:
         super().__init__()
         self.cfg = cfg
         self.patch_embed = PatchEmbed(cfg)
         table = torch.empty(cfg.num_position_embeddings, cfg.hidden_size)  # the checkpoint fills it: no init
         self.pos_embed = nn.Embedding(cfg.num_position_embeddings, cfg.hidden_size, _weight=table)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.depth))
+        self.blocks = nn.ModuleList(Block(cfg, attention.dtype) for _ in range(cfg.num_layers))
         self.merger = PatchMerger(cfg, postshuffle=False)
         self.deepstack_merger_list = nn.ModuleList(
             PatchMerger(cfg, postshuffle=True) for _ in cfg.deepstack_visual_indexes

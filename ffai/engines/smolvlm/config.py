@@ -1,7 +1,8 @@
 """SmolVLM configuration, read from the checkpoint's own ``config.json``: both generations,
 ``model_type`` ``idefics3`` (SmolVLM) and ``smolvlm`` (SmolVLM2), which are the same towers.
 
-Follows transformers' ``Idefics3Config`` / ``Idefics3VisionConfig`` / ``LlamaConfig`` (and
+Follows transformers' ``Idefics3Config`` / ``Idefics3VisionConfig`` / ``LlamaConfig`` (the text
+tower is the kit's, ``ffai.kit.text_config.TextConfig``; and
 ``SmolVLMConfig`` / ``SmolVLMVisionConfig``, subclasses with the same defaults): a key the
 reference treats as required must be present; a key the reference defaults takes the reference's
 default (never a SmolVLM-256M value). Both config.json layouts are accepted: the hub's
@@ -14,36 +15,29 @@ than silently computed wrong.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 from ffai.errors import ModelError
-from ffai.kit.config_json import JsonSection, read_json_object
+from ffai.kit.config_json import CheckpointConfig, JsonSection
+from ffai.kit.text_config import TextConfig, read_text_config
+from ffai.kit.vision_config import VisionTowerConfig
 
-CONFIG_FILE = "config.json"
 # config.json's model_type -> the processor class its checkpoint's files name (processor_class):
 # SmolVLM2's processor adds video, and the two generations' files must never be mixed.
 PROCESSORS = {"idefics3": "Idefics3Processor", "smolvlm": "SmolVLMProcessor"}
-VISION_ACTS = ("gelu_pytorch_tanh",)
-TEXT_ACTS = ("silu",)
+
+
+# The keys Idefics3VisionConfig names otherwise than the kit, and its defaults for what a file leaves out.
+VISION_KEYS = {"num_layers": "num_hidden_layers", "num_heads": "num_attention_heads"}
+VISION_DEFAULTS = {"intermediate_size": 3072, "num_hidden_layers": 12, "num_channels": 3}
 
 
 @dataclass(frozen=True)
-class VisionConfig:
-    """SigLIP-style vision tower (transformers' ``Idefics3VisionConfig``)."""
+class VisionConfig(VisionTowerConfig):
+    """SigLIP-style vision tower (transformers' ``Idefics3VisionConfig``): the kit's sizes, its tile
+    side and its LayerNorm's eps."""
 
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    patch_size: int
     image_size: int
-    num_channels: int
     layer_norm_eps: float
-    hidden_act: str
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
 
     @property
     def patches_per_side(self) -> int:
@@ -55,71 +49,26 @@ class VisionConfig:
 
     @classmethod
     def from_section(cls, s: JsonSection) -> "VisionConfig":
-        cfg = cls(
-            hidden_size=s.positive("hidden_size"),
-            # The reference's defaults (Idefics3VisionConfig): SmolVLM2-500M's file leaves both out.
-            intermediate_size=s.positive("intermediate_size", 3072),
-            num_hidden_layers=s.positive("num_hidden_layers", 12),
-            num_attention_heads=s.positive("num_attention_heads"),
-            patch_size=s.positive("patch_size"),
-            image_size=s.positive("image_size"),
-            num_channels=s.positive("num_channels", 3),
-            layer_norm_eps=s.get("layer_norm_eps", float, 1e-6),
-            hidden_act=s.get("hidden_act", str, "gelu_pytorch_tanh"),
-        )
-        s.check(cfg.hidden_size % cfg.num_attention_heads == 0, "hidden_size must divide by num_attention_heads")
+        sizes = cls.sizes(s, VISION_KEYS, VISION_DEFAULTS)
+        cfg = cls(**sizes, image_size=s.positive("image_size"), layer_norm_eps=s.get("layer_norm_eps", float, 1e-6))
         s.check(cfg.image_size >= cfg.patch_size, "image_size must be at least patch_size")
-        s.check(cfg.hidden_act in VISION_ACTS, f"hidden_act {cfg.hidden_act!r} is not supported ({VISION_ACTS})")
         return cfg
 
 
-@dataclass(frozen=True)
-class TextConfig:
-    """Llama text tower (transformers' ``LlamaConfig``), default RoPE only. Its own
+# transformers' LlamaConfig defaults for what SmolVLM's files may leave out; every other size is required.
+TEXT_DEFAULTS = {"max_position_embeddings": 2048}
+
+
+def text_config(s: JsonSection) -> TextConfig:
+    """The Llama text tower (transformers' ``LlamaConfig``), default RoPE only. Its own
     ``tie_word_embeddings`` is not read: Idefics3 ties the head by the top-level flag."""
-
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    rope_theta: float
-    max_position_embeddings: int
-    vocab_size: int
-    hidden_act: str
-    attention_bias: bool
-    mlp_bias: bool
-
-    @classmethod
-    def from_section(cls, s: JsonSection) -> "TextConfig":
-        model_type = s.get("model_type", str, "llama")
-        s.check(model_type == "llama", f"model_type {model_type!r} is not supported (llama)")
-        heads = s.positive("num_attention_heads")
-        hidden = s.positive("hidden_size")
-        cfg = cls(
-            hidden_size=hidden,
-            intermediate_size=s.positive("intermediate_size"),
-            num_hidden_layers=s.positive("num_hidden_layers"),
-            num_attention_heads=heads,
-            num_key_value_heads=s.positive("num_key_value_heads", heads),
-            head_dim=s.positive("head_dim", hidden // heads),
-            rms_norm_eps=s.get("rms_norm_eps", float),
-            rope_theta=_rope_theta(s),
-            max_position_embeddings=s.positive("max_position_embeddings", 2048),
-            vocab_size=s.positive("vocab_size"),
-            hidden_act=s.get("hidden_act", str, "silu"),
-            attention_bias=s.get("attention_bias", bool, False),
-            mlp_bias=s.get("mlp_bias", bool, False),
-        )
-        s.check(heads % cfg.num_key_value_heads == 0, "num_attention_heads must divide by num_key_value_heads")
-        s.check(cfg.hidden_act in TEXT_ACTS, f"hidden_act {cfg.hidden_act!r} is not supported ({TEXT_ACTS})")
-        return cfg
+    model_type = s.get("model_type", str, "llama")
+    s.check(model_type == "llama", f"model_type {model_type!r} is not supported (llama)")
+    return read_text_config(s, TEXT_DEFAULTS, rope_theta=_rope_theta(s))
 
 
 @dataclass(frozen=True)
-class ModelConfig:
+class ModelConfig(CheckpointConfig):
     """The whole Idefics3 model: vision tower, pixel-shuffle connector, text tower. ``model_type``
     is the generation (a key of ``PROCESSORS``)."""
 
@@ -140,19 +89,13 @@ class ModelConfig:
         return self.vision.hidden_size * self.scale_factor**2
 
     @classmethod
-    def from_dir(cls, model_dir: Path | str) -> "ModelConfig":
-        path = Path(model_dir) / CONFIG_FILE
-        return cls.from_dict(read_json_object(path, "config"), source=str(path))
-
-    @classmethod
-    def from_dict(cls, data: dict, source: str = CONFIG_FILE) -> "ModelConfig":
-        s = JsonSection(data, source, "")
+    def from_section(cls, s: JsonSection) -> "ModelConfig":
         model_type = s.get("model_type", str)
         if model_type not in PROCESSORS:
             expected = " or ".join(repr(t) for t in PROCESSORS)
-            raise ModelError(f"{source}: model_type {model_type!r} is not supported (expected {expected})")
+            raise ModelError(f"{s.source}: model_type {model_type!r} is not supported (expected {expected})")
         vision = VisionConfig.from_section(s.section("vision_config"))
-        text = TextConfig.from_section(s.section("text_config"))
+        text = text_config(s.section("text_config"))
         cfg = cls(
             model_type=model_type,
             vision=vision,

@@ -1,5 +1,5 @@
 """The engine object behind the ``smolvlm`` entry point: its info, its cheap checks from the
-checkpoint's small files, and where its three stages are built (``ffai.engines.smolvlm.stages``).
+checkpoint's small files, and its three stages (``ffai.engines.smolvlm.stages``, built on the kit).
 
 Light on purpose: ``ffai engines`` imports it, so torch and the tokenizer load only inside the
 calls that need them.
@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ffai.engines.contract import DecodingOptions, EngineInfo, StageSpec
 from ffai.errors import ModelError, UsageError
+from ffai.kit.stages import stage_specs
 
 INFO = EngineInfo(
     name="smolvlm",
@@ -28,7 +29,7 @@ STILL_PROMPT = "Describe this image."
 FRAMES_PROMPT = "Describe what happens in these frames."
 VIDEO_PROMPT = "Describe what happens in this video."
 WIDEST_TIME, WIDEST_DURATION = 5999.0, 35999.0
-STAGES = "ffai.engines.smolvlm.stages"  # the heavy module, imported where a stage is built
+STAGES = "ffai.engines.smolvlm.stages:STAGES"  # imported where a stage is built
 
 
 def prompt_text(options: DecodingOptions, images: int, *, still: bool, video: bool = False) -> str:
@@ -60,11 +61,11 @@ class SmolVLMEngine:
     bench = "ffai.engines.smolvlm.bench:HOOKS"  # ffai bench vlm's hooks (transformers as the reference)
 
     def kernels(self, flags: frozenset[str]) -> dict:
-        """What runs each dtype's linears on a CPU with ``flags`` and the dtype for throughput
-        there, for ``ffai engines`` (torch-free: kernels' rules of the flags)."""
-        from ffai.engines.smolvlm.kernels import report, throughput_dtype
+        """What runs each dtype's linears on a CPU with ``flags``, for ``ffai engines`` (torch-free:
+        the precision rules read the flags alone)."""
+        from ffai.engines.smolvlm.precision import report
 
-        return {"throughput_dtype": throughput_dtype(flags), "dtypes": report(flags)}
+        return report(flags)
 
     def check_window(self, model_dir: Path, frames: int, options: DecodingOptions) -> None:
         from ffai.engines.smolvlm.config import ModelConfig
@@ -100,12 +101,7 @@ class SmolVLMEngine:
             )
 
     def stages(self) -> tuple[StageSpec, ...]:
-        # Preprocessing shares the vision worker: it is light, and its tiles then stay local.
-        return (
-            StageSpec("preprocess", f"{STAGES}:preprocess_stage", process="vision"),
-            StageSpec("vision", f"{STAGES}:vision_stage", process="vision"),
-            StageSpec("text", f"{STAGES}:text_stage", process="text"),
-        )
+        return stage_specs(STAGES)
 
 
 ENGINE = SmolVLMEngine()
@@ -115,10 +111,10 @@ def _check_files_agree(model_dir: Path, config, processor, builder) -> None:
     """The processor and tokenizer files come from the same checkpoint as config.json: the prompt
     holds as many image tokens per tile as the towers make, and they are the token the model
     replaces with image embeddings. A mixed folder would otherwise fail only after loading."""
-    from ffai.engines.smolvlm.config import CONFIG_FILE, PROCESSORS
+    from ffai.engines.smolvlm.config import PROCESSORS
     from ffai.engines.smolvlm.preprocess import PROCESSOR_FILE
     from ffai.engines.smolvlm.prompt import IMAGE, TOKENIZER_CONFIG_FILE
-    from ffai.kit.config_json import read_json_object
+    from ffai.kit.config_json import CONFIG_FILE, read_json_object
     from ffai.kit.tokenizing import TOKENIZER_FILE
 
     # Each generation's files name its processor; SmolVLM2's tokenizer config (its special tokens,

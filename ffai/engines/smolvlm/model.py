@@ -4,58 +4,44 @@ Follows transformers' ``Idefics3Model.get_image_features`` (drop all-zero paddin
 mask from the pixel mask) and ``Idefics3Model.inputs_merger`` (image embeddings replace the
 ``<image>`` token embeddings in order).
 
-A model may hold only some of its parts (``PARTS``): the pipeline's vision worker needs no text
-tower and the text worker no vision tower, so an absent part is ``None`` and costs no memory.
+A model may hold only some of its parts (``ffai.kit.model_parts``): "vision" (vision tower +
+connector) makes image embeddings, "text" (the kit's text tower) tokens.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
-from torch import nn
 
 from ffai.errors import EngineError
+from ffai.kit.generate import Prompt
+from ffai.kit.model_parts import PARTS, PartedModel
+from ffai.kit.precision import EXACT_ATTENTION, VisionAttention
+from ffai.kit.text_tower import TextModel
 
 from .config import ModelConfig
 from .connector import Connector
-from .precision import EXACT_ATTENTION, Attention
-from .text import TextModel
 from .vision import VisionTransformer, patch_mask
 
-# "vision" (vision tower + connector) makes image embeddings; "text" (text tower) makes tokens.
-PARTS = ("vision", "text")
 
-
-class Idefics3(nn.Module):
+class Idefics3(PartedModel):
     def __init__(
         self,
         cfg: ModelConfig,
-        parts: tuple[str, ...] = PARTS,
-        attention: Attention = EXACT_ATTENTION,
+        parts: tuple[str, ...] | None = PARTS,
+        attention: VisionAttention = EXACT_ATTENTION,
         text_prefill: torch.dtype | None = None,
     ) -> None:
-        super().__init__()
-        unknown = set(parts) - set(PARTS)
-        if unknown or not parts:
-            raise ValueError(f"parts must be a non-empty subset of {PARTS}, got {parts!r}")
+        super().__init__(parts)
         self.cfg = cfg
-        self.parts = tuple(p for p in PARTS if p in parts)
-        self.vision = VisionTransformer(cfg.vision, attention) if "vision" in parts else None
-        self.connector = Connector(cfg) if "vision" in parts else None
-        self.text = TextModel(cfg.text, cfg.tie_word_embeddings, text_prefill) if "text" in parts else None
+        self.vision = VisionTransformer(cfg.vision, attention) if "vision" in self.parts else None
+        self.connector = Connector(cfg) if "vision" in self.parts else None
+        self.text = TextModel(cfg.text, cfg.tie_word_embeddings, text_prefill) if "text" in self.parts else None
 
     @property
     def dtype(self) -> torch.dtype:
         return next(self.parameters()).dtype
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.parameters()).device
-
-    def _require(self, part: str) -> None:
-        if part not in self.parts:
-            raise EngineError(f"this model was loaded without its {part} part (parts={self.parts})")
 
     @torch.no_grad()
     def encode_images(
@@ -125,3 +111,16 @@ class Idefics3(nn.Module):
             return x
         flat = image_embeds.to(x.device, x.dtype).reshape(-1, x.shape[-1])  # (n_tiles*image_seq_len, D)
         return x.masked_scatter(is_image[..., None], flat)
+
+    def prompt(self, encoded) -> Prompt:
+        """What the text tower takes for the vision stage's output (``ffai.kit.stages.Encoded``)."""
+        return self.prompt_of(encoded.input_ids, encoded.visual)
+
+    @torch.no_grad()
+    def prompt_of(self, input_ids: torch.Tensor | Sequence[int], image_embeds: torch.Tensor | None) -> Prompt:
+        """One prompt's ids and its tiles' image embeddings -> :class:`Prompt`: the embeddings with
+        the tiles' in place, at plain positions."""
+        ids = torch.as_tensor(input_ids, dtype=torch.long)
+        if ids.dim() > 2 or (ids.dim() == 2 and ids.shape[0] != 1):
+            raise EngineError(f"a prompt is one sequence of ids, got input_ids of shape {tuple(ids.shape)}")
+        return Prompt(self.embed(ids.reshape(1, -1), image_embeds))  # (1, T, D)

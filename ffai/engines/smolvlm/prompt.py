@@ -19,8 +19,8 @@ import functools
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
-from ffai.errors import ModelError, UsageError
-from ffai.kit.tokenizing import TextStream, compile_template, files_stamp, read_prompt_files, require_token
+from ffai.errors import UsageError
+from ffai.kit.tokenizing import ChatPrompts, compile_template
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from tokenizers import Tokenizer
@@ -83,98 +83,48 @@ def expand_video(times: Sequence[float], duration: float, image_seq_len: int) ->
     return text + MEDIA_OUTTRO
 
 
-class PromptBuilder:
+class PromptBuilder(ChatPrompts):
     """Chat template + image expansion + tokeniser of one checkpoint."""
 
     def __init__(self, tokenizer: Tokenizer, chat_template: Any, eos_ids: tuple[int, ...], source: Path):
-        self._tokenizer = tokenizer
-        self._template = chat_template  # a compiled jinja2 template
-        self._source = source
-        self.image_token_id = require_token(tokenizer, IMAGE, source)
-        self.end_of_utterance_id = require_token(tokenizer, END_OF_UTTERANCE, source)
-        require_token(tokenizer, FAKE_AROUND_IMAGE, source)
-        require_token(tokenizer, GLOBAL_IMAGE, source)
+        super().__init__(tokenizer, chat_template, eos_ids, source)
+        self.image_token_id = self.token_id(IMAGE)
+        self.end_of_utterance_id = self.token_id(END_OF_UTTERANCE)
+        self.token_id(FAKE_AROUND_IMAGE)
+        self.token_id(GLOBAL_IMAGE)
         for r in range(1, MAX_GRID + 1):
             for c in range(1, MAX_GRID + 1):
-                require_token(tokenizer, tile_tag(r, c), source)
-        self._eos_ids = eos_ids
-
-    @classmethod
-    def from_dir(cls, model_dir: Path) -> PromptBuilder:
-        """The checkpoint's builder, one per process while its files are unchanged: a builder is
-        never changed after it is made, and SmolVLM's tokenizer stays ~15 MB resident (twice that
-        while it parses), which the stages of one process (the window check, preprocess, text)
-        each loaded again when they ran inline."""
-        model_dir = Path(model_dir).resolve()
-        return _shared_builder(cls, model_dir, files_stamp(model_dir))
-
-    @classmethod
-    def load(cls, model_dir: Path) -> PromptBuilder:
-        """A new builder read from ``model_dir``'s files (``from_dir`` shares one)."""
-        return cls(*read_prompt_files(Path(model_dir)))
-
-    def render(self, n_images: int, text: str) -> str:
-        """The chat template's text for one user turn: ``n_images`` placeholders, then ``text``."""
-        content = [{"type": "image"} for _ in range(n_images)] + [{"type": "text", "text": text}]
-        messages = [{"role": "user", "content": content}]
-        try:
-            return self._template.render(messages=messages, tools=None, documents=None, add_generation_prompt=True)
-        except Exception as e:  # a template is code from the checkpoint: any failure is the checkpoint's
-            raise ModelError(f"{self._source.parent}: chat template failed: {e}") from e
+                self.token_id(tile_tag(r, c))
 
     def build(self, grids: Sequence[tuple[int, int]], text: str, image_seq_len: int) -> list[int]:
         """Token ids of the prompt for images with these grids (see preprocess) and ``text``."""
         if IMAGE in text:
             # The reference would take it for one more image and fail; refuse it plainly.
             raise UsageError(f"the prompt must not contain {IMAGE}")
-        pieces = self.render(len(grids), text).split(IMAGE)
-        if len(pieces) != len(grids) + 1:
-            raise ModelError(
-                f"{self._source.parent}: chat template wrote {len(pieces) - 1} {IMAGE} placeholders for {len(grids)} images"
-            )
+        pieces = self.split(self.render([{"type": "image"}] * len(grids), text), IMAGE, len(grids), "images")
         expanded = [pieces[0]]
         for grid, piece in zip(grids, pieces[1:]):
             expanded += [expand_image(grid, image_seq_len), piece]
-        return self._tokenizer.encode("".join(expanded), add_special_tokens=False).ids
+        return self.encode("".join(expanded))
 
     def build_video(self, times: Sequence[float], duration: float, text: str, image_seq_len: int) -> list[int]:
         """Token ids of the prompt for one clip (see ``expand_video``) and ``text``."""
         for token in (IMAGE, VIDEO):
             if token in text:
                 raise UsageError(f"the prompt must not contain {token}")
-        content = [{"type": "video"}, {"type": "text", "text": text}]
-        rendered = _video_template().render(
-            messages=[{"role": "user", "content": content}], tools=None, documents=None, add_generation_prompt=True
-        )
-        before, after = rendered.split(VIDEO)
-        prompt = before + expand_video(times, duration, image_seq_len) + after
-        return self._tokenizer.encode(prompt, add_special_tokens=False).ids
+        before, after = self.render([{"type": "video"}], text, _video_template()).split(VIDEO)
+        return self.encode(before + expand_video(times, duration, image_seq_len) + after)
 
     def count_tokens(self, grids: Sequence[tuple[int, int]], text: str, image_seq_len: int) -> int:
         # Tokenising is cheap next to the model; counting any other way could miss a merge
         # such as "\n\n" that some tokenizers make one token.
         return len(self.build(grids, text, image_seq_len))
 
-    def decode(self, ids: Sequence[int]) -> str:
-        """Text of generated ids, special tokens dropped (the reference's batch_decode with
-        skip_special_tokens=True; clean_up_tokenization_spaces is false for this tokenizer)."""
-        return self._tokenizer.decode(list(ids), skip_special_tokens=True)
-
-    def text_stream(self) -> TextStream:
-        """An incremental ``decode`` for one answer, fed one generated id at a time."""
-        return TextStream(self.decode)
-
     def stop_ids(self) -> tuple[int, ...]:
         """Ids that end a caption: <end_of_utterance>, then generation_config's eos ids."""
-        ids = [self.end_of_utterance_id, *self._eos_ids]
-        return tuple(dict.fromkeys(ids))
+        return tuple(dict.fromkeys([self.end_of_utterance_id, *self._eos_ids]))
 
 
 @functools.cache
 def _video_template() -> Any:
     return compile_template(VIDEO_CHAT_TEMPLATE, Path(__file__))
-
-
-@functools.lru_cache(maxsize=4)
-def _shared_builder(cls: type[PromptBuilder], model_dir: Path, stamp: tuple) -> PromptBuilder:
-    return cls.load(model_dir)  # a failure raises and is not kept: the next call reads again

@@ -18,16 +18,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Sequence
 
 from ffai.errors import ModelError
+from ffai.kit.pictures import check_image_size, resize_tensor, rgb_tensor
 
-from .preprocess import (
-    MAX_RESIZED_EDGE,
-    PixelBatch,
-    ProcessorConfig,
-    check_image_size,
-    longest_edge_size,
-    resize_tensor,
-    rgb_tensor,
-)
+from .preprocess import MAX_RESIZED_EDGE, PixelBatch, ProcessorConfig, longest_edge_size
 
 if TYPE_CHECKING:  # pragma: no cover - typing only; torch and PIL load lazily
     from PIL import Image

@@ -14,9 +14,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ffai.kit.linears import FusedLinear, embedding_table
+from ffai.kit.precision import EXACT_ATTENTION
+from ffai.kit.precision import VisionAttention as Attention
+
 from .config import VisionConfig
-from .layers import FusedLinear, embedding_table
-from .precision import EXACT_ATTENTION, Attention
 
 
 def patch_mask(pixel_attention_mask: torch.Tensor, patch_size: int) -> torch.Tensor:
@@ -74,7 +76,7 @@ class VisionAttention(nn.Module):
     def __init__(self, cfg: VisionConfig, attention: Attention = EXACT_ATTENTION) -> None:
         super().__init__()
         d = cfg.hidden_size
-        self.n_heads, self.head_dim = cfg.num_attention_heads, cfg.head_dim
+        self.n_heads, self.head_dim = cfg.num_heads, cfg.head_dim
         self.qkv = FusedLinear(d, (d, d, d), bias=True)
         self.out_proj = nn.Linear(d, d)
         # dtype None: the activations' own (float32's exact path); block None: torch's SDPA, else
@@ -112,7 +114,7 @@ def blocked_attention(
     (N, H, T, hd) q, k, v and an optional (N, 1, 1, T) bool key mask -> (N, T, H * hd).
 
     For bfloat16 on a CPU with AVX512_BF16 but no AMX, where torch's flash attention does not
-    pack its bfloat16 blocks for oneDNN and runs no faster than float32 (``precision._attention``).
+    pack its bfloat16 blocks for oneDNN and runs no faster than float32 (``precision.vision_attention``).
     Plain bfloat16 matmuls do run on oneDNN's native kernels. The whole score matrix
     (12 x 1024 x 1024) would be written and read back from memory by every step after it; a
     block of 128 query rows keeps its scores (3 MB in bfloat16) in cache (docs/benchmarks.md has
@@ -173,14 +175,14 @@ class VisionTransformer(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.embeddings = VisionEmbeddings(cfg)
-        self.layers = nn.ModuleList(EncoderLayer(cfg, attention) for _ in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(EncoderLayer(cfg, attention) for _ in range(cfg.num_layers))
         self.post_layernorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
 
     def forward(
         self, pixels: torch.Tensor, mask: torch.Tensor, tile_input: Callable[[torch.Tensor], torch.Tensor] | None = None
     ) -> torch.Tensor:
         """Tile by tile: a tile's features depend on that tile alone, and one at a time they come
-        out bit for bit as from the whole batch at once (tests/test_smolvlm_fast_paths.py), as
+        out bit for bit as from the whole batch at once (tests/test_smolvlm_model.py), as
         fast, with a 1/N share of the activations: an 8-frame window or a 17-tile still no longer
         holds every tile's 1024 x 3072 MLP activations at the same time. ``tile_input`` makes a
         slice of ``pixels`` (uint8 tiles, say) the tower's input, one tile at a time."""

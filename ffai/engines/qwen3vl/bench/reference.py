@@ -7,26 +7,12 @@ case decodes the same windows with ``ffai.media.Decoder.sample_frames``
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 from ffai.bench.transformers_arm import TransformersArm
 from ffai.engines.contract import DecodingOptions, Request
+from ffai.engines.qwen3vl.bench.checkpoints import WRITER
 from ffai.engines.qwen3vl.engine import check_presentation, processor_config, prompt_text
-from ffai.errors import ModelError
-
-MISSING_REFERENCE = "the reference arm needs transformers and torchvision: pip install 'ffai[reference]'"
-
-
-def require_transformers() -> None:
-    """Fail early, in one line, when transformers or torchvision (Qwen3VLProcessor's video
-    processor needs it, even for stills) is not installed."""
-    try:
-        found = all(importlib.util.find_spec(name) is not None for name in ("transformers", "torchvision"))
-    except (ImportError, ValueError):  # a broken install, or sys.modules[name] = None
-        found = False
-    if not found:
-        raise ModelError(MISSING_REFERENCE)
 
 
 def reference_inputs(processor, model_dir: Path, images, times, span, options: DecodingOptions):
@@ -64,25 +50,8 @@ def reference_inputs(processor, model_dir: Path, images, times, span, options: D
 
 
 class ReferenceArm(TransformersArm):
-    def load(self) -> None:
-        try:
-            import torch
-            from transformers import AutoProcessor, Qwen3VLForConditionalGeneration
-        except ImportError as e:
-            raise ModelError(MISSING_REFERENCE) from e
-        # The same cores ffai plans its placement and threads for, all given to the one process.
-        torch.set_num_threads(self.cores)
-        model = Qwen3VLForConditionalGeneration.from_pretrained(self.model_dir, dtype=torch.float32).eval()
-        self.loaded(model, AutoProcessor.from_pretrained(self.model_dir))
+    writer = WRITER
+    packages = ("transformers", "torchvision")  # Qwen3VLProcessor's video processor needs torchvision, even for stills
 
     def inputs(self, request: Request, options: DecodingOptions):
         return reference_inputs(self.processor, self.model_dir, request.images, request.times, request.span, options)
-
-    def info(self) -> dict:
-        import torch
-
-        return {
-            "torch_threads": {"main": torch.get_num_threads()},
-            "image_processor": type(self.processor.image_processor).__name__,
-            "video_processor": type(self.processor.video_processor).__name__,
-        }

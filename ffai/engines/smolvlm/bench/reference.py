@@ -7,25 +7,12 @@ processor + generate per window."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 from ffai.bench.transformers_arm import TransformersArm
 from ffai.engines.contract import DecodingOptions, Request
+from ffai.engines.smolvlm.bench.checkpoints import WRITER
 from ffai.engines.smolvlm.engine import prompt_text, window_presentation
-from ffai.errors import ModelError
-
-MISSING_REFERENCE = "the reference arm needs transformers: pip install 'ffai[reference]'"
-
-
-def require_transformers() -> None:
-    """Fail early, in one line, when transformers is not installed (the [reference] extra)."""
-    try:
-        found = importlib.util.find_spec("transformers") is not None
-    except (ImportError, ValueError):  # a broken install, or sys.modules["transformers"] = None
-        found = False
-    if not found:
-        raise ModelError(MISSING_REFERENCE)
 
 
 def reference_inputs(processor, images, times, span, options: DecodingOptions, model_dir: Path):
@@ -53,26 +40,7 @@ def reference_inputs(processor, images, times, span, options: DecodingOptions, m
 
 
 class ReferenceArm(TransformersArm):
-    def load(self) -> None:
-        try:
-            import torch
-            from transformers import AutoProcessor
-
-            from ffai.engines.smolvlm.bench.checkpoints import model_class, processor_options
-        except ImportError as e:
-            raise ModelError(MISSING_REFERENCE) from e
-        # The same cores ffai plans its placement and threads for, all given to the one process.
-        torch.set_num_threads(self.cores)
-        model = model_class(self.model_dir).from_pretrained(self.model_dir, dtype=torch.float32).eval()
-        self.loaded(model, AutoProcessor.from_pretrained(self.model_dir, **processor_options(self.model_dir)))
+    writer = WRITER
 
     def inputs(self, request: Request, options: DecodingOptions):
         return reference_inputs(self.processor, request.images, request.times, request.span, options, self.model_dir)
-
-    def info(self) -> dict:
-        import torch
-
-        return {
-            "torch_threads": {"main": torch.get_num_threads()},
-            "image_processor": type(self.processor.image_processor).__name__,
-        }

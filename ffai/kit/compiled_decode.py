@@ -12,13 +12,13 @@ and residual additions, which then round a little otherwise than eager's
 (docs/precision-and-speed.md, "Compiled decode").
 
 Its int8 linears (:class:`FrozenLinear`) multiply a decode row by the kernel
-``kernels.compiled_row_kernel`` picks for torch's thread count and the CPU. At two threads or more
+``ffai.kit.linear_kinds.compiled_row_kernel`` picks for torch's thread count and the CPU. At two threads or more
 on CPUs without AMX, float32 sums of the int8 weight times the float32 row in inductor's own loops
 (``"sums"``): no call leaves the program, so no thread waits while another runs a call's serial
 part, no packed copy of the weights is made, and the row keeps float32. At one thread, where the
 step is compute-bound, and on AMX CPUs, whose cores ran those loops slower than fbgemm at any
 count, fbgemm's int8 dot products (``"fbgemm"``): the row quantised to 8 bits by its own range
-(:func:`int8_row_fbgemm`, an op of this engine's torch library, since export cannot trace into
+(:func:`int8_row_fbgemm`, an op of ffai's torch library, since export cannot trace into
 fbgemm's packed matrix), the model's int8 weight packed for it at load. oneDNN's packed bfloat16
 layers (the plan's wide first layers) become float32 sums of their unpacked bfloat16 weight times
 the float32 row, one loop inductor writes: a bfloat16 ``mm`` repacked the weight at every call, and
@@ -59,12 +59,12 @@ from torch import nn
 
 from ffai import messages
 from ffai.kit import host
+from ffai.kit.linear_kinds import compiled_row_kernel
 from ffai.kit.opt_in_linears import PackedBf16Linear, QuantizedLinear, RowScaledLinear, quantize_rows, row_scales
+from ffai.kit.rope import apply_rope
+from ffai.kit.text_tower import DecoderLayer, KVCache, TextModel
 from ffai.models import ffai_home
 from ffai.models.verification import sha256_file
-
-from .kernels import compiled_row_kernel
-from .text import DecoderLayer, KVCache, TextModel, apply_rope
 
 DTYPES = ("int8", "bfloat16")  # the dtypes with a compiled step (docs/precision-and-speed.md, "Compiled decode")
 PACKAGE = "decode.pt2"
@@ -274,7 +274,10 @@ class FrozenStep(nn.Module):
 def unsupported(text: TextModel, dtype: str = "int8") -> str | None:
     """Why the step is not compiled for ``text`` in ``dtype``, or None where it is: the plan's
     text linears must be int8 by row with bfloat16 rows, or oneDNN's packed bfloat16 (native
-    bfloat16), the plans the step's agreement was measured on; others keep the eager step."""
+    bfloat16), the plans the step's agreement was measured on; others keep the eager step. A tower
+    that normalises q and k per head is not compiled: its step's agreement is not measured."""
+    if text.cfg.qk_norm:
+        return "this text tower normalises q and k per head, which the compiled step does not"
     if dtype == "bfloat16":  # its later layers' linears oneDNN's packed bfloat16 (native bfloat16)
         if not any(isinstance(m, PackedBf16Linear) for m in text.modules()):
             return "this CPU has no native bfloat16, and its bfloat16 plan multiplies otherwise than the compiled step"
@@ -333,7 +336,7 @@ def cache_dir(weights: list[Path], dtype: str) -> Path:
     identity.append(hashlib.sha256(Path(__file__).read_bytes()).hexdigest())  # the step's code
     identity += [weight_sha256(path) for path in weights]
     key = hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:16]
-    return ffai_home() / "compiled" / f"smolvlm-decode-{dtype}-{key}"
+    return ffai_home() / "compiled" / f"decode-{dtype}-{key}"
 
 
 def export_step(step: FrozenStep, x, pos, cos, sin, cache: KVCache) -> torch.export.ExportedProgram:
@@ -360,16 +363,19 @@ class CompiledDecode:
         self.runner = None
         self.failed = False
         self.load_s: float | None = None  # the package's load, for the bench
+        self._slots = torch.arange(0)
 
-    def __call__(self, x: torch.Tensor, pos: torch.Tensor, cache: KVCache) -> torch.Tensor | None:
-        """(1, 1, D) embedding of the token at ``pos`` ((1,) long) -> (1, vocab) logits, or None."""
+    def __call__(self, x: torch.Tensor, slot: int, rope: tuple, cache: KVCache) -> torch.Tensor | None:
+        """(1, 1, D) embedding of the token written at cache ``slot`` with its RoPE rows ``rope``
+        ((1, hd) cos and sin) -> (1, vocab) logits, or None."""
         if self.failed or x.shape[0] != 1:
             return None
-        first = int(pos[0])
-        cos, sin = self.text._rope_rows(first, first + 1, x)
         if self.runner is None and not self.prepare():
             return None
-        (out,) = self.runner.boxed_run([x, pos, cos, sin, *cache.k, *cache.v])  # FrozenStep's inputs, flat
+        if self._slots.shape[0] <= slot:  # every slot a cache can have, built once rather than a tensor a step
+            self._slots = torch.arange(max(cache.max_len, slot + 1))
+        pos = self._slots[slot : slot + 1]
+        (out,) = self.runner.boxed_run([x, pos, *rope, *cache.k, *cache.v])  # FrozenStep's inputs, flat
         return out if self.head else self.text.lm_head.forward(out)[:, -1]
 
     def prepare(self) -> bool:
@@ -402,7 +408,7 @@ class CompiledDecode:
         try:
             start = time.perf_counter()
             # The package's C++ loader itself: torch._inductor.aoti_load_package's wrapper imports
-            # inductor (1.2 s and 130 MB of a warm start) and parses the call's tree at each step.
+            # inductor (a large share of a warm start: docs/benchmarks.md) and parses the call's tree at each step.
             runner = torch._C._aoti.AOTIModelPackageLoader(str(package), "model", False, 1, -1)
             constants = {**dict(step.named_buffers()), **dict(step.named_parameters())}
             wanted = {name: constants[name] for name in runner.get_constant_fqns()}
@@ -429,8 +435,8 @@ class CompiledDecode:
         import torch._inductor  # only a compile pays for its import
 
         text = self.text
-        x = torch.zeros(1, 1, text.cfg.hidden_size, dtype=text.norm.weight.dtype)
-        cos, sin = text._rope_rows(0, 1, x)
+        x = torch.zeros(1, 1, text.cfg.hidden_size, dtype=text.dtype)
+        cos, sin = text.rope_rows(0, 1)
         _thread_lock_for_progress_bars()
         work = Path(tempfile.mkdtemp(dir=self.folder, prefix=".build-"))
         saved = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
@@ -452,7 +458,7 @@ class CompiledDecode:
 
     def _fail(self, why: str) -> bool:
         """Warn once and keep to the eager step from now on."""
-        messages.warn(f"{why}; the {self.dtype} decode step runs uncompiled")
+        messages.warn(f"--compile: {why}; the {self.dtype} decode step runs uncompiled")
         self.failed = True
         for layer in self.text.modules():  # the eager step's one-row products want the reordered weights
             if isinstance(layer, PackedBf16Linear):

@@ -1,10 +1,11 @@
-"""Layers both towers use: the linear product, linears fused into one matmul, embedding tables.
+"""The layers every tower is made of: the linear product, linears fused into one matmul,
+embedding tables (in memory, or left in their file).
 
 Fusion is a shape, not a step: a :class:`FusedLinear` is built fused, and loading
-(``weights.load_model``) reads the checkpoint's separate tensors (q_proj, k_proj, v_proj;
+(``ffai.kit.loading``) reads the checkpoint's separate tensors (q_proj, k_proj, v_proj;
 gate_proj, up_proj) into their rows of its one weight. Each output is the same dot product as
 the separate linears', so the result is bit-identical to running them one by one
-(tests/test_smolvlm_fast_paths.py, and the oracle gates against transformers).
+(tests/test_kit.py, and the oracle gates against transformers).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     matrix-vector products at about half the memory bandwidth two cores have
     (docs/benchmarks.md). Here the weight's output rows are cut into one block per thread and ``bmm``
     computes the blocks in parallel: every output is the same dot product by the same kernel, so
-    the result is bit for bit ``F.linear``'s (tests/test_smolvlm_fast_paths.py). Small blocks
+    the result is bit for bit ``F.linear``'s (tests/test_kit.py). Small blocks
     (fewer than 64 rows or columns) take other kernels, whose sums may round differently: those
     stay on F.linear.
 
@@ -89,9 +90,9 @@ class FileEmbedding(nn.Module):
     ``os.preadv`` (each distinct id once) and casts them to ``dtype``, so the table lives in the
     page cache, shared and reclaimable, and never in this process's memory. Rows are exactly the
     stored ones, cast as loading casts them, so a lookup equals ``nn.Embedding``'s over the
-    loaded table (tests/test_smolvlm_precision.py). Used by the opt-in dtypes, whose LM head has
-    its own copy (``weights._embeddings_left_in_file``); a prompt reads ~100-900 rows (about
-    2 µs each), a decode step one."""
+    loaded table (tests/test_kit.py). Used where a precision plan says nothing else reads the
+    table whole (``PrecisionPlan.embeddings_in_file``: the LM head holds its own copy); a prompt
+    reads a few hundred rows, a decode step one."""
 
     def __init__(
         self, path: Path | str, offset: int, shape: tuple[int, int], file_dtype: torch.dtype, dtype: torch.dtype
