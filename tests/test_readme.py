@@ -198,7 +198,7 @@ def _all_text() -> str:
 
 def test_cited_repository_paths_exist():
     """Files and folders the README and docs cite in backticks (`ffai/media/`, `scripts/…`) exist."""
-    cited = set(re.findall(r"`((?:ffai|engines|scripts|tests|models|docs|\.ci)/[\w./-]*)`", _all_text()))
+    cited = set(re.findall(r"`((?:ffai|examples|scripts|tests|docs|\.ci)/[\w./-]*)`", _all_text()))
     missing = sorted(path for path in cited if not (ROOT / path).exists())
     assert not missing, f"paths the docs cite that do not exist: {missing}"
 
