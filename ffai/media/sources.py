@@ -15,7 +15,6 @@ from pathlib import Path
 from PIL import Image
 
 from ffai.errors import MediaError, UsageError
-from ffai.run.windows import check_fps
 
 # Largest width or height accepted, image or video; engines import it for the images they are handed.
 MAX_SIDE = 16384
@@ -120,6 +119,12 @@ def check_size(file: Path, width: int, height: int) -> tuple[int, int]:
     if width > MAX_SIDE or height > MAX_SIDE:
         raise MediaError(f"{file}: {width}x{height} is too large (the limit is {MAX_SIDE} a side)")
     return width, height
+
+
+def check_fps(fps: float) -> None:
+    """The one rule for ``--fps`` (sampling and windows both divide by it)."""
+    if not (math.isfinite(fps) and fps > 0):
+        raise UsageError(f"--fps must be a number > 0, got {fps:g}")
 
 
 def check_sampling(fps: float, start: float, duration: float | None, max_frames: int | None) -> None:

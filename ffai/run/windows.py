@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Protocol
 
 from ffai.errors import UsageError
+from ffai.media.sources import check_fps
 
 
 class TimedFrame(Protocol):
@@ -55,12 +56,6 @@ def check_window(size: int) -> None:
     """The one rule for ``--window``."""
     if size < 1:
         raise UsageError(f"--window must be at least 1, got {size}")
-
-
-def check_fps(fps: float) -> None:
-    """The one rule for ``--fps`` (sampling and windows both divide by it)."""
-    if not (math.isfinite(fps) and fps > 0):
-        raise UsageError(f"--fps must be a number > 0, got {fps:g}")
 
 
 _END = object()  # marks the end of the frame iterator (frames themselves may be anything)
