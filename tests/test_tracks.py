@@ -336,6 +336,16 @@ def test_target_appearing_after_open_is_not_clobbered(tmp_path, fmt):
     assert leftovers(tmp_path) == []
 
 
+def test_an_existing_target_named_through_a_missing_folder_needs_y(tmp_path):
+    """``missing/../track.srt`` is the file the sink would write (``..`` drops the missing folder):
+    it exists, so it is not replaced without -y."""
+    out = tmp_path / "track.srt"
+    out.write_bytes(b"keep me")
+    with pytest.raises(OutputError, match="already exists"):
+        open_track(str(tmp_path / "missing" / ".." / "track.srt"), "srt", HEADER, overwrite=False)
+    assert out.read_bytes() == b"keep me"
+
+
 @pytest.mark.parametrize("fmt", ["srt", "vtt", "jsonl", "txt"])
 def test_a_failed_append_is_rolled_back(tmp_path, fmt):
     """A disk filling up in the middle of a cue leaves the finished cues, not half a cue."""

@@ -16,7 +16,7 @@ from typing import IO, Iterator, Sequence
 from ffai.errors import FfaiError
 from ffai.outputs.cues import Cue, Thumbnail, TrackHeader, creation_time
 from ffai.outputs.thumbnails import still_thumbnail, thumbnail, thumbnail_indices
-from ffai.outputs.tracks import check_output, open_track, read_json_track
+from ffai.outputs.tracks import check_not_an_input, check_output, open_track, read_json_track
 
 # JSON tracks hold frame times rounded to whole milliseconds: the frame they name is within
 # half a millisecond of the stored time.
@@ -40,8 +40,10 @@ def build(
     from ffai import media
 
     check_output(output, overwrite)
+    check_not_an_input(output, str(track), {str(track): track})
     header, cues = read_json_track(track)
     path = source if source is not None else header.source_path
+    check_not_an_input(output, str(path), {str(path): path})  # the source is an input too
     decoder = media.Decoder()
     if not os.path.exists(path):
         hint = "" if source is not None else " (use -i to name where it is now)"

@@ -352,8 +352,27 @@ def check_output(output: str | None, overwrite: bool) -> None:
         raise OutputError(f"{output}: not a directory: {parent}")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise OutputError(f"{output}: directory is not writable: {parent}")
-    if os.path.lexists(output) and not overwrite:
+    if (os.path.lexists(output) or os.path.lexists(os.path.realpath(output))) and not overwrite:
         raise OutputError(f"{output}: already exists (use -y to overwrite)")
+
+
+def check_not_an_input(output: str | None, own: str, inputs: dict[str, os.PathLike | str]) -> None:
+    """``output`` is none of the files ``inputs`` maps its inputs' names to (``own``: the input it is
+    the output of), after symbolic and hard links (by device and inode), so that writing it never
+    replaces what is read. An OutputError where it is one."""
+    # The file the sink writes (symbolic links followed, ".." after a missing folder dropped).
+    written = os.path.realpath(output) if not _is_stdout(output) else None
+    if written is None or not os.path.exists(written):
+        return  # a file not there yet is no input
+    target = os.stat(written)
+    for name, path in inputs.items():
+        try:
+            found = os.stat(path)
+        except OSError:
+            continue  # not a file here (a stream, a URL, a file gone): nothing to replace
+        if (found.st_dev, found.st_ino) == (target.st_dev, target.st_ino):
+            what = "the output is the input" if name == own else f"the output of {own} is the input {name}"
+            raise OutputError(f"{output}: {what} (ffmpeg refuses this too); name another output")
 
 
 # --- sinks: text → somewhere ----------------------------------------------------------

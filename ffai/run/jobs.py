@@ -26,6 +26,7 @@ from ffai.outputs import mux
 from ffai.outputs.cues import TrackHeader, creation_time
 from ffai.outputs.tracks import (
     TrackWriter,
+    check_not_an_input,
     check_output,
     check_partial,
     may_show_answers,
@@ -131,8 +132,13 @@ def run_caption_jobs(
     ``language`` tags the subtitle stream of container outputs (``ffai.outputs.mux``)."""
     if retries < 0:
         raise UsageError("--retries must be 0 or more")
-    jobs = plan_jobs(input_specs.expand(inputs), output, fmt)
-    _check_containers(jobs, language, local=make_backend is None)
+    items = input_specs.expand(inputs)
+    jobs = plan_jobs(items, output, fmt)
+    # Before anything is read: an output that is an input is refused (alone, among several inputs).
+    refused = _outputs_that_are_inputs(jobs, {item.source: item.path for item in items if item.path})
+    if len(jobs) == 1 and refused:
+        raise refused[0]
+    _check_containers([job for i, job in enumerate(jobs) if i not in refused], language, local=make_backend is None)
     # A track that shows the frames (html) needs thumbnails, made where the frames are.
     options = dataclasses.replace(options, thumbnails=any(wants_thumbnails(job.fmt) for job in jobs))
     for job in jobs if partial else ():
@@ -148,11 +154,13 @@ def run_caption_jobs(
         fmts = sorted({job.fmt for job in jobs})
         log = runlog.RunLog(record_path, runlog.settings(options, model, fmts[0] if len(fmts) == 1 else fmts))
     if resume:
-        skip = _resume(jobs, runlog.read(record_path), log, overwrite)
+        skip = _resume(jobs, runlog.read(record_path), log, overwrite) - set(refused)
     else:
         for job in jobs:
             job.overwrite = overwrite
     for i, job in enumerate(jobs):
+        if i in refused:
+            continue
         if job.to_file and output is not None and MIRROR_FIELD in output:
             _make_folder(job.output)
         if not (job.overwrite or i in skip):
@@ -166,11 +174,24 @@ def run_caption_jobs(
     with log if log is not None else nullcontext(), backend as active:
         with _progress(progress, len(jobs), options) as bar:
             driver.progress = bar
-            driver.run(active, skip)
+            driver.run(active, skip, refused)
     if len(jobs) > 1:
         for line in driver.summary.lines():
             messages.note(line)
     return len(driver.summary.failed)
+
+
+def _outputs_that_are_inputs(jobs: list[Job], paths: dict[str, str]) -> dict[int, OutputError]:
+    """The jobs whose output is the file of their input or of another input of the run, each with
+    its one-line refusal."""
+    refused = {}
+    for i, job in enumerate(jobs):
+        if job.to_file:
+            try:
+                check_not_an_input(job.output, job.source, paths)
+            except OutputError as e:
+                refused[i] = e
+    return refused
 
 
 def _check_containers(jobs: list[Job], language: str | None, *, local: bool) -> None:
@@ -290,12 +311,20 @@ class _Driver:
         self.broken: dict[int, FfaiError] = {}  # jobs whose output failed in this process
         self.tees: dict[int, mux.LiveTee] = {}  # live sources copied into containers, by job
 
-    def run(self, backend: Backend, skip: set[int]) -> None:
+    def run(self, backend: Backend, skip: set[int], refused: dict[int, FfaiError] | None = None) -> None:
+        """Caption every job but those in ``skip`` (done by an earlier run) and ``refused`` (failed
+        before they start, with their reason)."""
+        refused = refused or {}
         for i in sorted(skip):
             self.summary.skipped += 1
             self._record(i, "skipped")
             self._progress("finished")
-        pending = [i for i in range(len(self.jobs)) if i not in skip]
+        for i, error in sorted(refused.items()):
+            self._record(i, "failed", attempts=0, error=str(error), transient=False, retry=False)
+            messages.error(str(error))
+            self.summary.failed.append((self.jobs[i].source, str(error)))
+            self._progress("finished", failed=True)
+        pending = [i for i in range(len(self.jobs)) if i not in skip and i not in refused]
         try:
             while pending:
                 for i in pending:
