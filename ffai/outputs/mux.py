@@ -9,6 +9,9 @@ video, audio and subtitle streams copied packet for packet (no decode, no encode
   holds them equal), not through the encoder: its ASS input has no escape for ``{``, ``}`` or
   ``\\``, which an answer may hold. The text is folded as srt/vtt tracks fold it; WebVTT's is
   escaped as the vtt track escapes it.
+* The container's tags, chapters and attachments go with the streams, and what the output's
+  container cannot hold is named in one warning line (``ffai.outputs.container_extras``); a text
+  subtitle stream it cannot hold as it is is converted to its text codec (``_TextSubtitles``).
 * Packets are copied in the input's order; a cue is muxed once the packets before its start are,
   so the file is interleaved as it grows. With ``-ss`` the copy starts at the last video keyframe
   at or before the start (FFmpeg's ``-ss`` with ``-c copy``) and the output's timeline begins
@@ -42,8 +45,10 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Iterator
 
+from ffai import messages
 from ffai.errors import FfaiError, MediaError, OutputError, UsageError
 from ffai.media.sources import STDIN, is_live, path_of, source_label
+from ffai.outputs import container_extras
 from ffai.outputs.cues import Cue, Dropped, TrackHeader
 from ffai.outputs.tracks import TrackWriter, check_partial, fold_line_breaks, open_file_sink, open_track
 from ffai.outputs.tracks import resolve_format as resolve_track_format
@@ -67,7 +72,7 @@ DEFAULT_LANGUAGE = "und"  # ISO 639-2 for "undetermined"
 _LANGUAGE = re.compile(r"^[a-z]{3}$")
 # FFmpeg's readers of animated images (a still reads as a "<codec>_pipe" or image2): not video to copy.
 _IMAGE_DEMUXERS = ("gif", "apng", "image2")
-_COPIED = ("video", "audio", "subtitle")  # data streams (timecodes) and attachments are left out
+_COPIED = ("video", "audio", "subtitle")  # data streams (timecodes) are left out, and said to be
 _MS = Fraction(1, 1000)
 _LIVE_END_WAIT_S = 2.0  # how long a finished run waits for a live source's reader to see its end
 _MOV_TEXT_MAX = 0xFFFF  # a mov_text sample's text length is 16 bits
@@ -125,25 +130,68 @@ def cue_payload(text: str, codec: str) -> bytes:
     return len(data).to_bytes(2, "big") + data
 
 
-def _copied_streams(container, source: str, output: str, fmt: str) -> list:
+@dataclass
+class CopyPlan:
+    """Which of an input's streams go into the output: ``streams`` copied packet for packet, but
+    those in ``convert`` (index -> codec), text subtitles converted to the container's text codec;
+    ``left_out`` names those that are not, each as a phrase for the warning."""
+
+    streams: list
+    convert: dict[int, str]
+    left_out: list[str]
+
+
+def _copied_streams(container, source: str, output: str, fmt: str) -> CopyPlan:
+    """The input's streams as ``fmt`` takes them: video and audio it cannot hold are refused (the
+    copy would lose what is watched); a text subtitle stream is converted, a picture one left out;
+    data streams are left out, a demuxer's own tracks (MP4's chapter track) silently."""
     name = container.format.name
     if name in _IMAGE_DEMUXERS or name.endswith("_pipe") or not container.streams.video:
         raise UsageError(f"{source}: -o {fmt} needs a video input, not an image; write a track (.srt, .vtt, .json)")
-    streams = [s for s in container.streams if s.type in _COPIED]
-    holds = _codecs_held(CONTAINERS[fmt].muxer)
-    for stream in streams:
+    target = CONTAINERS[fmt]
+    holds = _codecs_held(target.muxer)
+    plan = CopyPlan([], {}, [])
+    for stream in container.streams:
+        if (
+            container_extras.is_attachment(stream)
+            or container_extras.is_internal(stream)
+            or _timecode_of_video(stream, container)
+        ):
+            continue  # attachments are the container's (container_extras); the others are not content
         codec = _codec_name(stream)
-        if codec not in holds:
+        if stream.type not in _COPIED:
+            plan.left_out.append(
+                f"the {stream.type} stream #{stream.index}" + (f" ({codec})" if stream.codec_context else "")
+            )
+        elif codec in holds:
+            plan.streams.append(stream)
+        elif stream.type == "subtitle":
+            if stream.codec_context is not None and stream.codec_context.codec.text_sub:
+                plan.streams.append(stream)
+                plan.convert[stream.index] = target.subtitle
+            else:
+                plan.left_out.append(f"the {codec} subtitle stream #{stream.index}")
+        else:
             others = [
                 f
                 for f, c in CONTAINERS.items()
-                if f != fmt and all(_codec_name(s) in _codecs_held(c.muxer) for s in streams)
+                if f != fmt
+                and all(
+                    _codec_name(s) in _codecs_held(c.muxer) for s in container.streams if s.type in ("video", "audio")
+                )
             ]
             fits = f"; -o .{others[0]} can hold it" if others else ""
             raise OutputError(
-                f"{output}: {CONTAINERS[fmt].label} cannot hold the {codec} {stream.type} stream of {source}{fits}"
+                f"{output}: {target.label} cannot hold the {codec} {stream.type} stream of {source}{fits}"
             )
-    return streams
+    return plan
+
+
+def _timecode_of_video(stream, container) -> bool:
+    """A timecode track (MP4's tmcd) whose timecode a video stream's tags hold too: carried by that
+    tag, from which the MP4 muxer makes the track again, as ffmpeg carries it."""
+    timecode = stream.metadata.get("timecode") if stream.type == "data" else None
+    return timecode is not None and any(v.metadata.get("timecode") == timecode for v in container.streams.video)
 
 
 def _codec_name(stream) -> str:
@@ -237,34 +285,46 @@ class FilePackets:
 
         from ffai.media.boxes import check_sample_claims
 
-        path = path_of(source)
+        path = self._path = path_of(source)
         try:
             check_sample_claims(path)  # a damaged MP4 index would have FFmpeg allocate gigabytes
             self._input = av.open(str(path), metadata_errors="ignore")
         except (av.FFmpegError, OSError) as e:
             raise MediaError(f"{path}: cannot be read for -o {fmt} ({getattr(e, 'strerror', None) or e})") from e
         try:
-            self.streams = _copied_streams(self._input, source, output, fmt)
+            self.plan = _copied_streams(self._input, source, output, fmt)
             video = _main_video(self._input)
             self.cue_offset = 0.0
+            self._shift: Fraction | None = None  # where the copy starts in the input, once known
+            self._end: Fraction | None = None
             self._packets = self._cut(video, start, duration)
             self._next = next(self._packets, None)
         except BaseException:
             self._input.close()
             raise
 
+    @property
+    def streams(self) -> list:
+        return self.plan.streams
+
+    def extras(self) -> container_extras.Extras:
+        """The input's tags, attachments and chapters in the copy's timeline (known once the first
+        packet is: with -ss the copy starts at a keyframe)."""
+        return container_extras.read_extras(self._input, str(self._path), self._shift, self._end)
+
     def _cut(self, video, start: float, duration: float | None) -> Iterator[tuple[float, int, object]]:
         origin = Fraction(video.start_time or 0) * video.time_base  # where cue time 0 is
         begin = origin + Fraction(start)
-        end = None if duration is None else begin + Fraction(duration)
+        end = self._end = None if duration is None else begin + Fraction(duration)
         trim = start > 0
         shift: Fraction | None = Fraction(0)
+        self._shift = shift
         if trim:
             self._input.seek(round(begin / video.time_base), stream=video, backward=True, any_frame=False)
-            shift = None  # the first video keyframe sets it
+            shift = self._shift = None  # the first video keyframe sets it
         self.cue_offset = float(origin)
         stopped: set[int] = set()
-        for packet in self._input.demux(self.streams):
+        for packet in self._input.demux(self.plan.streams):
             if packet.dts is None and packet.pts is None:
                 continue  # a demuxer's end-of-stream marker
             stream, base = packet.stream, packet.time_base
@@ -273,7 +333,7 @@ class FilePackets:
             if shift is None:
                 if stream is not video or not packet.is_keyframe:
                     continue  # nothing before the first keyframe is kept
-                shift = shown
+                shift = self._shift = shown
                 self.cue_offset = float(origin - shift)
             if stream.index in stopped or (trim and stream is not video and shown < shift):
                 continue
@@ -311,7 +371,8 @@ class LiveTee:
             raise MediaError("stdin: is a terminal; pipe a stream into ffai (… | ffai caption -i -)")
         self.source, self.output, self.fmt = source, output, fmt
         self.error: BaseException | None = None
-        self.streams: list = []
+        self.plan = CopyPlan([], {}, [])
+        self._metadata: dict[str, str] = {}
         self.cue_offset = 0.0
         self.ready = threading.Event()  # streams known (or the tee ended)
         self._done = threading.Event()
@@ -342,7 +403,8 @@ class LiveTee:
                 return
             self._source = _open_stream(self.source, 0 if self.source == STDIN else None)
             container, video = self._source.__enter__()
-            self.streams = _copied_streams(container, source_label(self.source), self.output, self.fmt)
+            self.plan = _copied_streams(container, source_label(self.source), self.output, self.fmt)
+            self._metadata = dict(container.metadata)
             out = pipe.add_stream_from_template(video)
             self.ready.set()
             self._copy(container, video, pipe, out)
@@ -362,7 +424,7 @@ class LiveTee:
 
         shift: Fraction | None = None
         feeding = True
-        for packet in container.demux(self.streams):
+        for packet in container.demux(self.plan.streams):
             if self._stopping:
                 return
             if packet.dts is None and packet.pts is None:
@@ -391,6 +453,16 @@ class LiveTee:
                 except (av.FFmpegError, OSError):
                     feeding = False  # the decoder has stopped reading; the output still gets the packets
 
+    @property
+    def streams(self) -> list:
+        return self.plan.streams
+
+    def extras(self) -> container_extras.Extras:
+        """A live source's tags; chapters and attachments are a file's, not a stream's."""
+        return container_extras.Extras(
+            {k: v for k, v in self._metadata.items() if k.lower() not in container_extras.MUXER_TAGS}
+        )
+
     def peek(self) -> tuple[float, int, object] | None:
         with self._lock:
             return self._packets[0] if self._packets else None
@@ -416,6 +488,32 @@ class LiveTee:
             self._source.__exit__(None, None, None)
             self._source = None
         shutil.rmtree(self._folder, ignore_errors=True)
+
+
+class _TextSubtitles:
+    """A text subtitle stream the output's container cannot hold as it is (SubRip into MP4),
+    converted packet by packet to the container's text codec through FFmpeg's own decoder and
+    encoder, as ``ffmpeg -c:s mov_text`` converts it."""
+
+    def __init__(self, stream, codec: str) -> None:
+        import av
+
+        self._decoder = stream.codec_context
+        self._encoder = av.CodecContext.create(codec, "w")
+        self._encoder.subtitle_header = _ASS_HEADER
+        self._encoder.open()
+
+    def __call__(self, packet):
+        """The packet in the target codec, at the same times; None for one that shows nothing."""
+        import av
+
+        subtitles = self._decoder.decode2(packet) if packet.size else None
+        if subtitles is None or not len(subtitles):
+            return None
+        converted = av.Packet(bytes(self._encoder.encode_subtitle(subtitles)))
+        converted.time_base = packet.time_base
+        converted.pts, converted.dts, converted.duration = packet.pts, packet.dts, packet.duration
+        return converted
 
 
 # -- the writer ------------------------------------------------------------------------------
@@ -446,7 +544,11 @@ class MuxWriter:
             # live: each packet reaches the file as it is muxed, so the file is valid as it grows
             options = {"flush_packets": "1", "max_interleave_delta": "1"} if self._live else {}
             self._output = av.open(self._temp, "w", format=self._container.muxer, options=options)
-            self._map = {s.index: self._copy_stream(s) for s in packets.streams}
+            self._copies: list[container_extras.StreamCopy] = []
+            self._converters: dict[int, _TextSubtitles] = {}
+            self._map = {s.index: self._copy_stream(s, packets.plan.convert.get(s.index)) for s in packets.streams}
+            self._extras = packets.extras()
+            container_extras.write_extras(self._output, self._extras, self._container.muxer)
             self._subtitle = self._subtitle_stream(header, check_language(language))
             self._output.start_encoding()
         except BaseException as e:
@@ -455,8 +557,17 @@ class MuxWriter:
                 raise OutputError(f"{sink.path}: {getattr(e, 'strerror', None) or e}") from e
             raise
 
-    def _copy_stream(self, stream):
-        out = self._output.add_stream_from_template(stream)
+    def _copy_stream(self, stream, convert_to: str | None):
+        """The output's stream for the input's ``stream``: a copy, or with ``convert_to`` a stream of
+        that text subtitle codec; its tags and disposition as the input's."""
+        if convert_to is None:
+            out = self._output.add_stream_from_template(stream)
+        else:
+            out = self._output.add_stream(convert_to)
+            out.codec_context.subtitle_header = _ASS_HEADER
+            out.time_base = stream.time_base
+            self._converters[stream.index] = _TextSubtitles(stream, convert_to)
+        self._copies.append(container_extras.StreamCopy(stream.index, dict(stream.metadata), int(stream.disposition)))
         for key, value in stream.metadata.items():
             if key.lower() != "duration":  # the muxer writes the copy's own duration
                 out.metadata[key] = value
@@ -478,8 +589,11 @@ class MuxWriter:
         """Mux the copied packets decoded before ``seconds`` in the output (None: all of them)."""
         while (item := self._packets.peek()) is not None and (seconds is None or item[0] < seconds):
             _, index, packet = item
-            packet.stream = self._map[index]
-            self._output.mux(packet)
+            if index in self._converters:
+                packet = self._converters[index](packet)
+            if packet is not None:
+                packet.stream = self._map[index]
+                self._output.mux(packet)
             self._packets.pop()
 
     # -- the writer interface -----------------------------------------------------------------
@@ -546,6 +660,11 @@ class MuxWriter:
         self._copy_until(until)
         self._output.close()
         self._packets.close()
+        left = self._packets.plan.left_out + container_extras.left_out(
+            self._written, self._extras, self._copies, ignore_flags=int(_disposition().default)
+        )
+        if left:
+            messages.warn(f"{self._sink.path}: left out what {self._container.label} cannot hold: {', '.join(left)}")
         fd = os.open(self._written, os.O_RDONLY)
         try:
             os.fsync(fd)
