@@ -247,3 +247,25 @@ def test_ffprobe_reads_the_input_plus_ffais_stream(capsys, tiny_checkpoint, rich
     added = [s for s in after["streams"] if s["tags"].get("title", "").startswith("smolvlm:")]
     assert len(added) == 1 and added[0]["codec_name"] == "subrip"
     assert [s for s in after["streams"] if s not in added] == before["streams"]
+
+
+def test_ffprobe_reads_the_mp4_as_the_input_but_what_it_named(capsys, tiny_checkpoint, rich, tmp_path):
+    out = tmp_path / "out.mp4"
+    caption(capsys, tiny_checkpoint, rich, out)
+    before, after = probe(rich), probe(out)
+    assert {k.lower(): v for k, v in before["format"]["tags"].items()}.items() <= {
+        k.lower(): v for k, v in after["format"]["tags"].items()
+    }.items()
+    assert [(c["start_time"], c["end_time"], c["tags"]) for c in after["chapters"]] == [
+        (c["start_time"], c["end_time"], c["tags"]) for c in before["chapters"]
+    ]
+
+    def shape(s: dict) -> tuple:
+        marks = {k for k, v in s["disposition"].items() if v and k != "default"}
+        return s["codec_type"], s["tags"].get("language", "und"), marks
+
+    # The input's tracks in order (its attachments named in the warning), then ffai's stream and
+    # MP4's chapter track; the SubRip stream now mov_text.
+    tracks = [s for s in before["streams"] if s["codec_type"] != "attachment" and not s["disposition"]["attached_pic"]]
+    assert [shape(s) for s in after["streams"][: len(tracks)]] == [shape(s) for s in tracks]
+    assert [s["codec_name"] for s in after["streams"][len(tracks) :]] == ["mov_text", "bin_data"]
