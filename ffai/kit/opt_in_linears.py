@@ -20,6 +20,12 @@ from torch import nn
 warnings.filterwarnings("ignore", message=r"torch\.quantize_per_tensor, torch\.quantize_per_channel")
 
 
+def several_sequences(x: torch.Tensor) -> bool:
+    """Whether ``x`` is a decode step of several sequences, (B, 1, D) with B > 1: each row is then
+    computed as it would be alone, so a sequence's tokens do not depend on its batch."""
+    return x.dim() == 3 and x.shape[1] == 1 and x.shape[0] > 1
+
+
 class QuantizedLinear(nn.Module):
     """A linear layer with int8 weights and dynamically quantised activations (``--dtype int8``).
 
@@ -51,6 +57,10 @@ class QuantizedLinear(nn.Module):
         self.packed = pack_int8(weight, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if several_sequences(x):  # each row by its own range, as it would be alone
+            return torch.cat(
+                [torch.ops.quantized.linear_dynamic(r, self.packed, self.reduce_range) for r in x.split(1)]
+            )
         return torch.ops.quantized.linear_dynamic(x, self.packed, self.reduce_range)
 
     def extra_repr(self) -> str:
@@ -147,13 +157,19 @@ class RowScaledLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
-        if rows.shape[0] == 1 and self.rows_dtype == torch.bfloat16:
+        n, step_rows = rows.shape[0], several_sequences(x)
+        if (n == 1 or step_rows) and self.rows_dtype == torch.bfloat16:
+            # This kernel sums each row on its own, so several sequences share one weight read.
             y = torch._weight_int8pack_mm(rows.to(torch.bfloat16), self.int8_weight, self.unit)
             y = y.float().mul_(self.scale)
-        elif rows.shape[0] == 1 and self.int_mm:  # the step as a Python float: fewer ops (CPU-only, no sync)
+        elif n == 1 and self.int_mm:  # the step as a Python float: fewer ops (CPU-only, no sync)
             step = max(float(rows.abs().max()), 1e-30) / 127.0
             y = torch._int_mm(torch.mul(rows, 1.0 / step).round_().to(torch.int8), self.int8_weight.t())
             y = torch.mul(y, self.scale * step)  # int32 sums -> float32
+        elif step_rows and self.int_mm:  # each row's step as one alone computes it, in double
+            step = rows.abs().amax(1, keepdim=True).double().clamp_min(1e-30) / 127.0
+            q = torch.mul(rows, (1.0 / step).float()).round_().to(torch.int8)
+            y = torch._int_mm(q, self.int8_weight.t()) * (self.scale * step.float())
         else:
             y = F.linear(rows.to(self.rows_dtype), self.int8_weight.to(self.rows_dtype))
             y = torch.mul(y, self.scale) if y.dtype == torch.float32 else y.float().mul_(self.scale)

@@ -22,6 +22,8 @@ by slice. Inside the tower each part is called through its ``forward``, not
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -114,6 +116,26 @@ class Attention(nn.Module):
         y = self._attend(q, k, v).to(x.dtype)  # (B, H, T, hd)
         return self.o_proj.forward(y.transpose(1, 2).reshape(b, t, -1))  # (B, T, H*hd) in
 
+    def forward_rows(self, x: torch.Tensor, rope: tuple, rows: Sequence[tuple[KVCache, int]]) -> torch.Tensor:
+        """One decode step of several sequences: (B, 1, D) with row b at slot ``rows[b][1]`` of its
+        own cache ``rows[b][0]`` (its ``rope`` rows (B, 1, 1, hd)). The projections run once for
+        all rows; each row attends over its own cache."""
+        b = x.shape[0]
+        h, kv, hd = self.n_heads, self.n_kv, self.head_dim
+        qkv = self.qkv.forward(x).view(b, 1, h + 2 * kv, hd)
+        if self.q_norm is None:
+            q, k = apply_rope(qkv[:, :, : h + kv].transpose(1, 2), *rope).split([h, kv], dim=1)
+        else:
+            q = apply_rope(self.q_norm.forward(qkv[:, :, :h]).transpose(1, 2), *rope)
+            k = apply_rope(self.k_norm.forward(qkv[:, :, h : h + kv]).transpose(1, 2), *rope)
+        v = qkv[:, :, h + kv :].transpose(1, 2)
+        ys = []
+        for i, (cache, slot) in enumerate(rows):
+            keys, values = cache.update(self.layer, slice(slot, slot + 1), k[i : i + 1], v[i : i + 1])
+            ys.append(self._attend(q[i : i + 1], keys, values))
+        y = torch.cat(ys).to(x.dtype)  # (B, H, 1, hd)
+        return self.o_proj.forward(y.transpose(1, 2).reshape(b, 1, -1))
+
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         low, gqa = self.prefill_dtype, self.n_heads != self.n_kv
         if low is not None and q.shape[2] > 1 and q.dtype != low:
@@ -147,6 +169,10 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: tuple, slot: slice, cache: KVCache | None) -> torch.Tensor:
         x = x + self.self_attn.forward(self.input_layernorm.forward(x), rope, slot, cache)
+        return x + self.mlp.forward(self.post_attention_layernorm.forward(x))
+
+    def forward_rows(self, x: torch.Tensor, rope: tuple, rows: Sequence[tuple[KVCache, int]]) -> torch.Tensor:
+        x = x + self.self_attn.forward_rows(self.input_layernorm.forward(x), rope, rows)
         return x + self.mlp.forward(self.post_attention_layernorm.forward(x))
 
 
@@ -194,6 +220,21 @@ class TextModel(nn.Module):
         if last_only:
             x = x[:, -1:]  # (B, 1, D)
         return self.lm_head.forward(self.norm.forward(x))
+
+    def decode_rows(self, tokens: torch.Tensor, rows: Sequence[tuple[KVCache, int, int]]) -> torch.Tensor:
+        """One decode step of several sequences at once: (B,) token ids, row b written at slot
+        ``rows[b][1]`` of its own cache ``rows[b][0]`` at rotary position ``rows[b][2]`` -> (B, vocab)
+        logits. Every linear reads its weight once for all rows (the step's cost on a CPU is that
+        read); attention is each row's own."""
+        x = self.embed(tokens[:, None])  # (B, 1, D)
+        positions = [position for _, _, position in rows]
+        self.rope_rows(0, max(positions) + 1)  # the table covers them all
+        index = torch.tensor(positions, device=self.device)
+        cos, sin = (t.index_select(0, index)[:, None, None] for t in (self.rope.cos, self.rope.sin))
+        slots = [(cache, slot) for cache, slot, _ in rows]
+        for layer in self.layers:
+            x = layer.forward_rows(x, (cos, sin), slots)
+        return self.lm_head.forward(self.norm.forward(x))[:, -1]
 
     @property
     def dtype(self) -> torch.dtype:
