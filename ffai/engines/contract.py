@@ -128,12 +128,14 @@ class RuntimeOptions:
     (None: the cores shared out between them, ``ffai.run.captioner.pipeline_config``); the pipeline
     sets it, an engine never does. ``compile``: an opt-in dtype may run parts the engine compiles
     for this machine once (cached under ffai's home; SmolVLM's int8 decode step), which round
-    otherwise than its eager ones; float32 never compiles."""
+    otherwise than its eager ones; float32 never compiles. ``batch``: how many windows the text
+    stage may decode at once (1: one at a time); a window's tokens are the same either way."""
 
     dtype: str = "float32"
     device: str = "auto"
     threads: int | None = None
     compile: bool = False
+    batch: int = 1
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -142,6 +144,8 @@ class RuntimeOptions:
             raise UsageError(f"--device must be one of {', '.join(DEVICES)}")
         if self.threads is not None and self.threads < 1:
             raise UsageError("--threads must be at least 1")
+        if self.batch < 1:
+            raise UsageError("--batch must be at least 1")
         if self.compile and self.dtype == "float32":
             raise UsageError("--compile is for the opt-in dtypes (--dtype int8): float32 runs its exact eager path")
 
@@ -207,6 +211,12 @@ class StageSpec:
     each piece of the answer's text as soon as no later token can change that piece, and the
     pieces add up to ``Answer.text`` (the core passes it when a run shows answers as they are
     generated, ``ffai.run.streaming``).
+
+    The last stage may instead serve several requests at once (``RuntimeOptions.batch`` > 1): an
+    object with ``join(key, payload, on_text=None)``, ``step()``, ``drop(key)``, ``active()`` and
+    ``max_active``, which the pipeline runs with its continuous scheduler
+    (``ffai.pipeline.scheduler.ContinuousScheduler``); called as a function it answers one request
+    alone. The kit's text stage is one (``ffai.kit.stages.BatchedTextDecoder``).
     """
 
     name: str

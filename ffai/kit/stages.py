@@ -110,7 +110,8 @@ class EngineStages:
         return self.vision_encoder(self.load(model_dir, runtime, parts=(VISION,)), Path(model_dir))
 
     def text_stage(self, model_dir: str, runtime: RuntimeOptions) -> TextDecoder:
-        return TextDecoder(self.load(model_dir, runtime, parts=(TEXT,)), self.prompts.from_dir(Path(model_dir)))
+        net, prompts = self.load(model_dir, runtime, parts=(TEXT,)), self.prompts.from_dir(Path(model_dir))
+        return TextDecoder(net, prompts) if runtime.batch == 1 else BatchedTextDecoder(net, prompts, runtime.batch)
 
 
 class TextDecoder:
@@ -139,3 +140,62 @@ class TextDecoder:
 
         with torch.inference_mode():
             return generate(self.net.text, self.net.prompt(encoded), encoded.options, self.stop_ids, on_token)
+
+
+class BatchedTextDecoder(TextDecoder):
+    """The text stage serving up to ``max_active`` windows at once (``RuntimeOptions.batch``): a
+    continuous stage (``ffai.pipeline.scheduler.ContinuousScheduler``), which a window joins between
+    two decode steps and leaves with its answer the moment it ends. Called as a function, it
+    answers one window alone, as :class:`TextDecoder` does: the same tokens either way
+    (``ffai.kit.batched_decode``)."""
+
+    def __init__(self, net: nn.Module, prompts: ChatPrompts, max_active: int) -> None:
+        from ffai.kit.batched_decode import DecodeBatch
+
+        super().__init__(net, prompts)
+        self.max_active = max_active
+        self._batch = DecodeBatch(net.text, self.stop_ids)
+        self._streams: dict[Any, tuple[Any, Callable[[str], None]]] = {}
+
+    def active(self) -> int:
+        return len(self._batch)
+
+    def join(self, key: Any, encoded: Encoded, on_text: Callable[[str], None] | None = None) -> Answer | None:
+        """Start window ``key``: its answer if it ends at its first token, else None (see ``step``).
+        ``on_text`` as for ``__call__``."""
+        import torch
+
+        on_token = None
+        if on_text is not None:
+            stream = self.prompts.text_stream()
+            self._streams[key] = (stream, on_text)
+
+            def on_token(token_id: int) -> None:
+                if piece := stream.step(token_id):
+                    on_text(piece)
+
+        try:
+            with torch.inference_mode():
+                ids = self._batch.join(key, self.net.prompt(encoded), encoded.options, on_token)
+        except BaseException:
+            self._streams.pop(key, None)
+            raise
+        return None if ids is None else self._answer(key, ids)
+
+    def step(self) -> list[tuple[Any, Answer]]:
+        """One token for every window being decoded; the answers of those that ended."""
+        import torch
+
+        with torch.inference_mode():
+            ended = self._batch.step()
+        return [(key, self._answer(key, ids)) for key, ids in ended]
+
+    def drop(self, key: Any) -> None:
+        self._batch.drop(key)
+        self._streams.pop(key, None)
+
+    def _answer(self, key: Any, ids: list[int]) -> Answer:
+        stream = self._streams.pop(key, None)
+        if stream is not None and (rest := stream[0].finish()):
+            stream[1](rest)
+        return Answer(self.prompts.decode(ids), tuple(ids))

@@ -1,7 +1,8 @@
 """The staged pipeline runtime (DESIGN §4), after SGLang-Omni's Stage/Scheduler split.
 
 - :mod:`~ffai.pipeline.scheduler`: compute. ``SimpleScheduler`` (function or batch
-  function, with a batching window), ``StreamingScheduler`` (consumes stream chunks),
+  function, with a batching window), ``ContinuousScheduler`` (requests served together a step
+  at a time), ``StreamingScheduler`` (consumes stream chunks),
   ``emit(chunk)`` for a stage function that streams.
 - :mod:`~ffai.pipeline.stage`: the IO shell around one scheduler (routing, projection,
   fan-in, streaming, aborts).
@@ -28,11 +29,21 @@ from ffai.pipeline.errors import (
     WorkerDied,
 )
 from ffai.pipeline.messages import CALLER, Message
-from ffai.pipeline.scheduler import Scheduler, SimpleScheduler, StreamingScheduler, StreamState, emit
+from ffai.pipeline.scheduler import (
+    ContinuousScheduler,
+    Scheduler,
+    SimpleScheduler,
+    StreamingScheduler,
+    StreamState,
+    emit,
+    emitter,
+    is_continuous,
+)
 
 __all__ = [
     "CALLER",
     "ConfigError",
+    "ContinuousScheduler",
     "Coordinator",
     "Message",
     "PipelineConfig",
@@ -50,4 +61,6 @@ __all__ = [
     "StreamingScheduler",
     "WorkerDied",
     "emit",
+    "emitter",
+    "is_continuous",
 ]

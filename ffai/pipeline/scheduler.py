@@ -11,6 +11,7 @@ Contract (what :class:`ffai.pipeline.stage.Stage` relies on, and nothing more):
   thread.
 
 :class:`SimpleScheduler` runs a function per request or a batch function per batch.
+:class:`ContinuousScheduler` serves requests together, a step at a time (a text decoder's batch).
 :class:`StreamingScheduler` is the base for stages that consume stream chunks.
 A function run by ``SimpleScheduler`` may call :func:`emit` to stream chunks of the request
 it is working on (for example from a per-token callback); once that request is aborted,
@@ -256,6 +257,119 @@ class SimpleScheduler(Scheduler):
                 self.put_error(rid, result)
             else:
                 self.put_result(rid, result)
+
+
+class ContinuousScheduler(Scheduler):
+    """Requests served together by a continuous stage, a step at a time: the stage object has
+    ``join(request_id, payload)`` (start a request: its result if it is done at once, else None),
+    ``step()`` (one step for every request joined: ``[(request_id, result), ...]`` for those that
+    ended), ``drop(request_id)``, ``active()`` and ``max_active`` (``ffai.kit.stages
+    .BatchedTextDecoder``: windows decoded together, one token per step).
+
+    Between two steps every waiting request joins while fewer than ``max_active`` are active, so
+    one that arrives mid-way joins at the next step, and a result goes out the moment its request
+    ends, never held for the others. An idle stage takes a lone request at once. A request's
+    chunks may be emitted from any later step (:func:`emitter`, captured when it joins). An
+    exception from ``join`` fails its request alone; one from ``step`` fails the requests that
+    step served. ``run(fn, *args)`` runs each call (the process's compute thread, where stages
+    take turns: each step is one turn); ``after`` runs after a call that ended requests.
+    """
+
+    def __init__(
+        self,
+        stage: Any,
+        run: Callable[..., Any] | None = None,
+        after: Callable[[], None] | None = None,
+    ) -> None:
+        super().__init__()
+        if stage.max_active < 1:
+            raise PipelineError("a continuous stage's max_active must be >= 1")
+        self.stage = stage
+        self._run = run or (lambda fn, *args: fn(*args))
+        self._after = after or (lambda: None)
+        self._pending: collections.deque[tuple[Any, Any]] = collections.deque()
+        self._joined: set[Any] = set()
+
+    def start(self) -> None:
+        while not self._stopping.is_set():
+            if not self._joined and not self._pending:
+                msg = self._get(_POLL_S)
+                if msg is not None:
+                    self.handle(msg)
+                continue
+            while (msg := self._get(0)) is not None:
+                self.handle(msg)
+            while self._pending and len(self._joined) < self.stage.max_active:
+                self._join(*self._pending.popleft())
+            if self._joined:
+                self._step()
+
+    def handle(self, msg: Message) -> None:
+        if msg.kind == NEW_REQUEST:
+            if not self.is_aborted(msg.request_id):
+                self._pending.append((msg.request_id, msg.data))
+        elif msg.kind == ABORT:
+            self._pending = collections.deque(p for p in self._pending if p[0] != msg.request_id)
+            if msg.request_id in self._joined:
+                self._joined.discard(msg.request_id)
+                self._run(self.stage.drop, msg.request_id)
+        elif msg.kind in (STREAM_CHUNK, STREAM_DONE):
+            self.put_error(msg.request_id, PipelineError("this stage does not consume stream chunks"))
+
+    def _join(self, request_id: Any, payload: Any) -> None:
+        try:
+            result = self._run(self._joining, request_id, payload)
+        except Exception as exc:  # this request's failure alone
+            self.put_error(request_id, exc)
+            self._after()
+            return
+        if result is None:
+            self._joined.add(request_id)
+        else:
+            self.put_result(request_id, result)
+            self._after()
+
+    def _joining(self, request_id: Any, payload: Any) -> Any:
+        _emitter.send = lambda chunk: self._chunk(request_id, chunk)
+        try:
+            return self.stage.join(request_id, payload)
+        finally:
+            _emitter.send = None
+
+    def _chunk(self, request_id: Any, chunk: Any) -> None:
+        # From a step serving many requests: an aborted one's chunks are dropped, never raised.
+        if not self.is_aborted(request_id):
+            self.outbox.put(Message(STREAM, request_id, chunk))
+
+    def _step(self) -> None:
+        try:
+            ended = self._run(self.stage.step)
+        except Exception as exc:  # one step serves them all
+            for request_id in list(self._joined):
+                self._run(self.stage.drop, request_id)
+                self.put_error(request_id, exc)
+            self._joined.clear()
+            self._after()
+            return
+        for request_id, result in ended:
+            self._joined.discard(request_id)
+            self.put_result(request_id, result)
+        if ended:
+            self._after()
+
+
+def is_continuous(stage: Any) -> bool:
+    """Whether a factory built a continuous stage (``ffai.pipeline.scheduler.ContinuousScheduler``)."""
+    return all(callable(getattr(stage, name, None)) for name in ("join", "step", "drop", "active"))
+
+
+def emitter() -> Callable[[Any], None]:
+    """The way to stream chunks of the request the calling stage function is working on, kept for
+    later: a continuous stage emits a request's chunks from steps that serve many."""
+    send = getattr(_emitter, "send", None)
+    if send is None:
+        raise PipelineError("emitter() is only available inside a stage function")
+    return send
 
 
 class StreamState:

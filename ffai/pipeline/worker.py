@@ -32,7 +32,7 @@ from ffai.pipeline.compute import ComputeThread
 from ffai.pipeline.config import PipelineConfig, ProcessConfig, StageConfig, resolve
 from ffai.pipeline.errors import ConfigError
 from ffai.pipeline.messages import ABORT, CALLER, FAILED, READY, SAY, STATS, Message
-from ffai.pipeline.scheduler import Scheduler, SimpleScheduler, with_emitter
+from ffai.pipeline.scheduler import ContinuousScheduler, Scheduler, SimpleScheduler, is_continuous, with_emitter
 from ffai.pipeline.stage import Stage
 
 log = logging.getLogger(__name__)
@@ -87,6 +87,10 @@ def make_scheduler(config: StageConfig, compute: ComputeThread | None = None) ->
                 f"stage {config.name!r}: a serial process needs stages that are functions, not Schedulers"
             )
         return made
+    if is_continuous(made):
+        if batching:
+            raise ConfigError(f"stage {config.name!r}: batching options apply only when the factory returns a function")
+        return ContinuousScheduler(made, run=compute.run if compute is not None else None, after=release_free_heap)
     if not callable(made):
         kind = type(made).__name__
         raise ConfigError(f"stage {config.name!r}: factory returned {kind}, not a Scheduler or a function")

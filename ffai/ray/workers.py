@@ -17,13 +17,13 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 from ffai import media
 from ffai.engines.contract import Answer, RuntimeOptions, StageSpec
 from ffai.errors import FfaiError
 from ffai.outputs.cues import Cue
-from ffai.pipeline import Coordinator, PipelineConfig
+from ffai.pipeline import Coordinator, PipelineConfig, is_continuous
 from ffai.pipeline.config import resolve
 from ffai.run.captioner import pipeline_config
 from ffai.run.options import CaptionOptions
@@ -71,21 +71,56 @@ _stage_clock: dict[str, list[float]] = {}
 _stage_clock_lock = threading.Lock()
 
 
-def timed_stage(name: str, factory: str, *args: Any) -> Callable[[Any], Any]:
-    """The engine's stage ``factory(*args)``, timed per call (``EngineActor.stage_seconds``)."""
+def timed_stage(name: str, factory: str, *args: Any) -> Any:
+    """The engine's stage ``factory(*args)``, timed per call (``EngineActor.stage_seconds``); a
+    continuous stage's joins and steps are its time, its joins its calls."""
     fn = resolve(factory)(*args)
+    if is_continuous(fn):
+        return _TimedContinuous(name, fn)
 
     def run(payload: Any) -> Any:
         start = time.perf_counter()
         try:
             return fn(payload)
         finally:
-            with _stage_clock_lock:
-                clock = _stage_clock.setdefault(name, [0.0, 0])
-                clock[0] += time.perf_counter() - start
-                clock[1] += 1
+            _clock(name, time.perf_counter() - start, 1)
 
     return run
+
+
+def _clock(name: str, seconds: float, calls: int) -> None:
+    with _stage_clock_lock:
+        clock = _stage_clock.setdefault(name, [0.0, 0])
+        clock[0] += seconds
+        clock[1] += calls
+
+
+class _TimedContinuous:
+    """A continuous stage (``ffai.pipeline.scheduler.ContinuousScheduler``) whose joins and steps
+    are timed."""
+
+    def __init__(self, name: str, stage: Any) -> None:
+        self.name, self.stage, self.max_active = name, stage, stage.max_active
+
+    def join(self, key: Any, payload: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return self.stage.join(key, payload)
+        finally:
+            _clock(self.name, time.perf_counter() - start, 1)
+
+    def step(self) -> list:
+        start = time.perf_counter()
+        try:
+            return self.stage.step()
+        finally:
+            _clock(self.name, time.perf_counter() - start, 0)
+
+    def drop(self, key: Any) -> None:
+        self.stage.drop(key)
+
+    def active(self) -> int:
+        return self.stage.active()
 
 
 def actor_pipeline(stages: list[StageSpec], model_dir: Path, runtime: RuntimeOptions, cores: int) -> PipelineConfig:

@@ -15,7 +15,7 @@ import time
 from functools import partial
 from typing import Any, Callable
 
-from ffai.pipeline import emit
+from ffai.pipeline import emit, emitter, is_continuous
 from ffai.pipeline.config import resolve
 
 # Pieces that come closer together than this go out as one chunk: a reader sees no difference
@@ -25,27 +25,78 @@ from ffai.pipeline.config import resolve
 CHUNK_INTERVAL_S = 0.02
 
 
-def answer_stage(factory: str, *args: Any) -> Callable[[Any], Any]:
-    """The stage ``factory(*args)`` builds, its answer's text pieces streamed as chunks."""
-    return partial(_streaming, resolve(factory)(*args))
+def answer_stage(factory: str, *args: Any) -> Any:
+    """The stage ``factory(*args)`` builds, its answer's text pieces streamed as chunks; a
+    continuous stage (windows decoded together) stays one, each window's pieces its own."""
+    stage = resolve(factory)(*args)
+    if is_continuous(stage):
+        return _StreamingContinuous(stage)
+    return partial(_streaming, stage)
+
+
+class _Chunks:
+    """Text pieces into stream chunks through ``send``: the first at once, then those within
+    ``CHUNK_INTERVAL_S`` of the last chunk together."""
+
+    def __init__(self, send: Callable[[str], None]) -> None:
+        self._send = send
+        self._pending: list[str] = []
+        self._sent = -CHUNK_INTERVAL_S
+
+    def add(self, piece: str) -> None:
+        self._pending.append(piece)
+        if time.monotonic() - self._sent >= CHUNK_INTERVAL_S:
+            self.flush()
+            self._sent = time.monotonic()
+
+    def flush(self) -> None:
+        if self._pending:
+            self._send("".join(self._pending))
+            self._pending.clear()
 
 
 def _streaming(stage: Callable[..., Any], payload: Any) -> Any:
-    pending: list[str] = []
-    sent = -CHUNK_INTERVAL_S  # when the last chunk went: the first piece goes at once
-
-    def on_text(piece: str) -> None:
-        nonlocal sent
-        pending.append(piece)
-        if time.monotonic() - sent >= CHUNK_INTERVAL_S:
-            emit("".join(pending))
-            pending.clear()
-            sent = time.monotonic()
-
-    result = stage(payload, on_text=on_text)
-    if pending:
-        emit("".join(pending))
+    chunks = _Chunks(emit)
+    result = stage(payload, on_text=chunks.add)
+    chunks.flush()
     return result
+
+
+class _StreamingContinuous:
+    """A continuous stage (``ffai.pipeline.scheduler.ContinuousScheduler``) whose windows stream
+    their pieces, each through the way its own request emits (captured when it joins)."""
+
+    def __init__(self, stage: Any) -> None:
+        self.stage = stage
+        self.max_active = stage.max_active
+        self._chunks: dict[Any, _Chunks] = {}
+
+    def join(self, key: Any, payload: Any) -> Any:
+        chunks = self._chunks[key] = _Chunks(emitter())
+        try:
+            result = self.stage.join(key, payload, on_text=chunks.add)
+        except BaseException:
+            del self._chunks[key]
+            raise
+        if result is not None:
+            self._chunks.pop(key).flush()
+        return result
+
+    def step(self) -> list:
+        ended = self.stage.step()
+        for key, _ in ended:
+            self._chunks.pop(key).flush()
+        return ended
+
+    def drop(self, key: Any) -> None:
+        self._chunks.pop(key, None)
+        self.stage.drop(key)
+
+    def active(self) -> int:
+        return self.stage.active()
+
+    def __call__(self, payload: Any) -> Any:
+        return _streaming(self.stage, payload)
 
 
 class StrippedPieces:
