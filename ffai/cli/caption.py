@@ -131,7 +131,17 @@ Placement = Annotated[
         help="Where the model runs: auto, inline (this process) or workers (worker processes); auto: workers for video on more than 2 cores.",
     ),
 ]
-MaxInFlight = Annotated[int, typer.Option("--max-in-flight", help="Windows in the pipeline at once.")]
+MaxInFlight = Annotated[
+    Optional[int],
+    typer.Option("--max-in-flight", help="Windows in the pipeline at once (default: the batch and one more)."),
+]
+Batch = Annotated[
+    str,
+    typer.Option(
+        "--batch",
+        help="Windows the text stage decodes together, one token each per step: a number, or auto (4 on a CPU, 8 on a GPU, 1 with --compile); 1: one at a time. A window's tokens are the same either way.",
+    ),
+]
 
 # --- live sources -----------------------------------------------------------------------------
 
@@ -217,7 +227,8 @@ def caption(
     threads: Threads = None,
     compile_: Compile = False,
     placement: Placement = "auto",
-    max_in_flight: MaxInFlight = 2,
+    max_in_flight: MaxInFlight = None,
+    batch: Batch = "auto",
     max_lag: MaxLag = None,
     no_drop: NoDrop = False,
     stall_timeout: StallTimeout = None,
@@ -262,6 +273,7 @@ def caption(
         threads=threads,
         compile_=compile_,
         max_in_flight=max_in_flight,
+        batch=batch,
         placement=placement,
         max_lag=max_lag,
         no_drop=no_drop,
@@ -310,7 +322,8 @@ def caption_options(
     device: str,
     threads: int | None,
     compile_: bool,
-    max_in_flight: int,
+    max_in_flight: int | None,
+    batch: str,
     placement: str,
     max_lag: float | None,
     no_drop: bool,
@@ -319,7 +332,7 @@ def caption_options(
     """The run's options from its flags: what is sampled, what the engine is asked and how it
     decodes, where it runs, and how a live source keeps up. Each part checks its own values."""
     from ffai.engines.contract import DecodingOptions, RuntimeOptions
-    from ffai.run.options import CaptionOptions
+    from ffai.run.options import CaptionOptions, parse_batch
 
     return CaptionOptions(
         engine=engine,
@@ -342,7 +355,13 @@ def caption_options(
             frame_min_pixels=frame_min_pixels,
             frame_max_pixels=frame_max_pixels,
         ),
-        runtime=RuntimeOptions(dtype=dtype, device=device, threads=threads, compile=compile_),
+        runtime=RuntimeOptions(
+            dtype=dtype,
+            device=device,
+            threads=threads,
+            compile=compile_,
+            batch=parse_batch(batch, device, compile_),
+        ),
         max_in_flight=max_in_flight,
         placement=placement,
         **live_options(max_lag, no_drop, stall_timeout),

@@ -16,6 +16,24 @@ from ffai.run.live import DEFAULT_MAX_LAG_S, check_max_lag
 from ffai.run.windows import check_window
 
 PLACEMENTS = ("auto", "inline", "workers")
+# Windows decoded together by default: a CPU step of a few rows costs little more than one
+# (docs/benchmarks.md, "Windows decoded together"); a GPU has room for more.
+DEFAULT_BATCH = {"cpu": 4, "auto": 4, "cuda": 8}
+
+
+def parse_batch(text: str, device: str, compile: bool = False) -> int:
+    """``--batch``: a number of windows, or ``auto``: the default on ``device`` (``--device``'s
+    value), or 1 with ``--compile``, whose compiled step decodes one window (a batch's steps run
+    eager, so a window's tokens never depend on whether it was alone)."""
+    if text == "auto":
+        return 1 if compile else DEFAULT_BATCH.get(device, 1)
+    try:
+        batch = int(text)
+    except ValueError:
+        batch = 0
+    if batch < 1:
+        raise UsageError(f"--batch must be a number of windows (1 or more) or auto, got {text!r}")
+    return batch
 
 
 @dataclass(frozen=True)
@@ -31,7 +49,9 @@ class CaptionOptions:
     max_frames: int | None = None
     decoding: DecodingOptions = field(default_factory=DecodingOptions)
     runtime: RuntimeOptions = field(default_factory=RuntimeOptions)
-    max_in_flight: int = 2
+    # None: the text stage's batch and one more (at least 2), so a batch can fill while a window is
+    # in the vision stage.
+    max_in_flight: int | None = None
     placement: str = "auto"  # one of PLACEMENTS; see placement()
     # The answers' text also comes piece by piece as it is generated (Progress.on_text), for a
     # track that shows it; off, the text stage spends nothing on it.
@@ -46,6 +66,8 @@ class CaptionOptions:
     stall_timeout: float = STALL_TIMEOUT_S
 
     def __post_init__(self) -> None:
+        if self.max_in_flight is None:
+            object.__setattr__(self, "max_in_flight", max(2, self.runtime.batch + 1))
         if self.max_in_flight < 1:
             raise UsageError("--max-in-flight must be at least 1")
         check_sampling(self.fps, self.start, self.duration, self.max_frames)
