@@ -57,6 +57,38 @@ def test_schedule_alternates_the_arms_abba():
         "ffai",
     ]
     assert [case for case, _, _ in gates.schedule(["frame", "clip"], 1)] == ["frame", "frame", "clip", "clip"]
+    # With ffai batching, the clip case faces the batched reference too, in the same ABBA turns.
+    batched = [arm for _, _, arm in gates.schedule(["frame", "clip"], 2, frozenset({"clip"}))]
+    assert batched[:4] == ["ffai", "reference", "reference", "ffai"]
+    assert batched[4:] == ["ffai", "reference", gates.BATCHED, gates.BATCHED, "reference", "ffai"]
+
+
+def test_merge_inputs_left_pads_the_tokens_and_zero_fills_missing_pictures():
+    """The batched reference's batch: token rows padded on the left (ids with the pad id, masks
+    with 0), pictures stacked with all-zero pictures where a window has fewer."""
+    import torch
+
+    from ffai.bench.transformers_arm import merge_inputs
+
+    short = {
+        "input_ids": torch.tensor([[5, 6]]),
+        "attention_mask": torch.tensor([[1, 1]]),
+        "pixel_values": torch.ones(1, 1, 3, 2, 2),
+        "pixel_attention_mask": torch.ones(1, 1, 2, 2, dtype=torch.bool),
+    }
+    long = {
+        "input_ids": torch.tensor([[7, 8, 9]]),
+        "attention_mask": torch.tensor([[1, 1, 1]]),
+        "pixel_values": torch.full((1, 2, 3, 2, 2), 2.0),
+        "pixel_attention_mask": torch.ones(1, 2, 2, 2, dtype=torch.bool),
+    }
+    merged = merge_inputs([short, long], pad_id=0)
+    assert merged["input_ids"].tolist() == [[0, 5, 6], [7, 8, 9]]
+    assert merged["attention_mask"].tolist() == [[0, 1, 1], [1, 1, 1]]
+    assert merged["pixel_values"].shape == (2, 2, 3, 2, 2)
+    assert merged["pixel_values"][0, 1].abs().sum() == 0 and (merged["pixel_values"][1] == 2).all()
+    assert merged["pixel_attention_mask"].dtype == torch.bool
+    assert merged["pixel_attention_mask"][0].sum() == 4 and merged["pixel_attention_mask"][1].all()
 
 
 def test_synthetic_images_are_the_whole_image_formulas_bytes():
@@ -508,6 +540,15 @@ def test_bench_on_the_tiny_checkpoint(tiny_checkpoint, tmp_path):
     frame, clip = report["cases"]
     assert (frame["case"], clip["case"]) == ("frame", "clip")
     assert frame["tokens"]["items"] == 1 and clip["tokens"]["items"] == 6  # 12 s at --fps 1 --window 2
+    # --batch auto batches on the CPU, so the clip also faces the reference batched with padding.
+    assert report["batch"] == 4 and "reference_batched" not in frame
+    assert clip["reference_batched"]["batch"] == 4 and clip["reference_batched"]["median_s"] > 0
+    assert clip["batched_reference_tokens"]["equal"]  # the tiny model's padded rows round alike
+    speeds = clip["throughput"]["ffai"]
+    assert speeds["realtime"] == pytest.approx(12.0 / clip["ffai"]["median_s"], 1e-2)
+    assert speeds["items_per_s"] == pytest.approx(6 / clip["ffai"]["median_s"], 1e-2)
+    assert frame["throughput"]["ffai"]["realtime"] is None
+    assert "vs batched ref" in proc.stderr and "RTF" in proc.stderr
     for record in (frame, clip):
         assert record["tokens"]["equal"] and not record["ffai_imports_transformers"]
         for arm in ("ffai", "reference"):

@@ -111,9 +111,11 @@ def run(
     cores: int | None = None,
     clip: Path | None = None,
     compile: bool = False,
+    batch: int = 1,
 ) -> dict:
     """The case's items in ``dtype`` (timed per token; ``compile``: with its compiled parts) and,
-    unless float32, in float32 too."""
+    unless float32, in float32 too; with ``batch`` > 1, a decode step of that many rows timed
+    against a lone one (per row: what a window's token costs when windows decode together)."""
     from ffai.bench.hooks import hooks_for
     from ffai.engines import registry
     from ffai.kit.host import set_threads
@@ -164,6 +166,21 @@ def run(
         "prefill_s": round(statistics.median(first_s), 4),
         "decode_ms_per_token": round(1e3 * statistics.median(steps_s), 3) if steps_s else None,
         "floor": decode_floor(probes.decode_weights(model_dir), dtype, bytes_per_s),
+        "batch_decode": _batch_decode(probes, ours, items[0].request(options), batch),
+    }
+
+
+def _batch_decode(probes, model, request, batch: int) -> dict | None:
+    """Per-row ms of a decode step of ``batch`` rows and of one row, and their ratio."""
+    if batch == 1 or not hasattr(probes, "step_seconds"):
+        return None
+    one = probes.step_seconds(model, request, 1)
+    many = probes.step_seconds(model, request, batch) / batch
+    return {
+        "rows": batch,
+        "ms_per_row": round(1e3 * many, 3),
+        "ms_one_row": round(1e3 * one, 3),
+        "ratio": round(many / one, 3),
     }
 
 
@@ -176,10 +193,11 @@ def command(
     cores: int,
     clip: Path | None = None,
     compile: bool = False,
+    batch: int = 1,
 ) -> list[str]:
     """The command line that runs ``run(...)`` in a fresh Python process."""
     cmd = [sys.executable, "-m", "ffai.bench.agreement", case, "--model", str(model_dir), "--dtype", dtype]
-    cmd += ["--cores", str(cores)] + (["--compile"] if compile else [])
+    cmd += ["--cores", str(cores), "--batch", str(batch)] + (["--compile"] if compile else [])
     if engine is not None:
         cmd += ["--engine", engine]
     if clip is not None:
@@ -196,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cores", type=int, help="cores the timed arms use (default: this process's)")
     parser.add_argument("--clip", type=Path)
     parser.add_argument("--compile", action="store_true", help="the dtype with its compiled parts")
+    parser.add_argument("--batch", type=int, default=1, help="also time a decode step of this many rows")
     args = parser.parse_args(argv)
     return print_result(
         lambda: run(
@@ -206,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
             cores=args.cores,
             clip=args.clip,
             compile=args.compile,
+            batch=args.batch,
         )
     )
 

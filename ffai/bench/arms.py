@@ -12,8 +12,11 @@ process tree's peak RSS, so each arm's footprint is its own.
   order. This arm never imports transformers, and reports whether anything did.
 - ``reference``: the engine's reference arm, from its bench hooks (``ffai.bench.hooks``): an
   implementation of its own (float32, always), asked the same question ffai asks; ``clip``
-  answers the same windows (``cases.clip_items``). SmolVLM's is transformers' Idefics3
-  (``ffai.engines.smolvlm.bench.reference``).
+  answers the same windows (``cases.clip_items``) one at a time, as transformers' docs caption a
+  video. SmolVLM's is transformers' Idefics3 (``ffai.engines.smolvlm.bench.reference``).
+- ``reference-batched``: the same reference on the ``clip`` case only, ``--batch`` windows at a
+  time, padded into one batch (its ``clip_batched``), so ffai's batched text stage also faces
+  the reference batched.
 
 CASE ``quality`` answers the quality corpus instead (``--corpus DIR``, or the demo model's
 held-out scenes when no corpus is given) and reports the answers and how many were right.
@@ -34,7 +37,8 @@ from ffai.errors import FfaiError
 from ffai.run.captioner import Captioner, available_cores
 from ffai.run.options import CaptionOptions
 
-ARMS = ("ffai", "reference")
+ARMS = ("ffai", "reference", "reference-batched")
+BATCHED = "reference-batched"
 QUALITY = "quality"  # the case name of the quality run
 LOAD = "load"  # the case name of a load alone (untimed: fills the machine's caches of compiled parts)
 
@@ -43,11 +47,17 @@ class FfaiArm:
     name = "ffai"
 
     def __init__(
-        self, model_dir: Path, dtype: str, cores: int, engine: str | None = None, compile: bool = False
+        self,
+        model_dir: Path,
+        dtype: str,
+        cores: int,
+        engine: str | None = None,
+        compile: bool = False,
+        batch: int = 1,
     ) -> None:
         # Placement and threads as `ffai caption` chooses them for a video run on these cores;
         # the pipeline sets the thread counts, as it does for `ffai caption`.
-        runtime = RuntimeOptions(dtype=dtype, device="cpu", compile=compile)
+        runtime = RuntimeOptions(dtype=dtype, device="cpu", compile=compile, batch=batch)
         options = CaptionOptions(
             engine=engine,
             model=str(model_dir),
@@ -111,13 +121,40 @@ def run_quality(arm, corpus: Path | None, n: int) -> dict:
     return {"time_s": time.perf_counter() - start, "correct": correct, "total": len(items), "answers": texts}
 
 
-def make_arm(arm_name: str, model_dir: Path, dtype: str, cores: int, engine: str | None = None, compile: bool = False):
-    """The arm called ``arm_name``: ffai's, or the reference the engine's bench hooks give."""
+def make_arm(
+    arm_name: str,
+    model_dir: Path,
+    dtype: str,
+    cores: int,
+    engine: str | None = None,
+    compile: bool = False,
+    batch: int = 1,
+):
+    """The arm called ``arm_name``: ffai's, or the reference the engine's bench hooks give
+    (batched: its ``clip`` answers ``batch`` windows at a time)."""
     if arm_name == "ffai":
-        return FfaiArm(model_dir, dtype, cores, engine, compile)
+        return FfaiArm(model_dir, dtype, cores, engine, compile, batch)
     from ffai.bench.hooks import hooks_for
 
-    return hooks_for(engine).reference(model_dir, cores)
+    reference = hooks_for(engine).reference(model_dir, cores)
+    return BatchedReference(reference, batch) if arm_name == BATCHED else reference
+
+
+class BatchedReference:
+    """A reference arm whose ``clip`` decodes ``batch`` windows at a time (``clip_batched``)."""
+
+    name = BATCHED
+
+    def __init__(self, reference, batch: int) -> None:
+        if not hasattr(reference, "clip_batched"):
+            raise FfaiError(f"this engine's reference arm cannot batch windows ({type(reference).__name__})")
+        self.reference, self.batch = reference, batch
+
+    def __getattr__(self, name: str):
+        return getattr(self.reference, name)
+
+    def clip(self, path: Path) -> dict[str, list[int]]:
+        return self.reference.clip_batched(path, self.batch)
 
 
 def run(
@@ -132,10 +169,11 @@ def run(
     corpus: Path | None = None,
     quality_n: int = cases.DEMO_N,
     compile: bool = False,
+    batch: int = 1,
 ) -> dict:
     """One arm on one case in this process; the result the parent reads as JSON. The case
     ``LOAD`` only loads: what a first load builds for this machine (``--compile``) is built then."""
-    arm = make_arm(arm_name, model_dir, dtype, cores or available_cores(), engine, compile)
+    arm = make_arm(arm_name, model_dir, dtype, cores or available_cores(), engine, compile, batch)
     start = time.perf_counter()
     try:
         arm.load()
@@ -153,6 +191,7 @@ def run(
         "arm": arm_name,
         "case": case,
         "dtype": dtype if arm_name == "ffai" else "float32",
+        "batch": batch if arm_name != "reference" else 1,
         "load_s": load_s,
         **result,
         **info,
@@ -171,6 +210,7 @@ def command(
     corpus: Path | None = None,
     quality_n: int = cases.DEMO_N,
     compile: bool = False,
+    batch: int = 1,
 ) -> list[str]:
     """The command line that runs ``run(...)`` in a fresh Python process."""
     cmd = [
@@ -187,6 +227,8 @@ def command(
         str(cores),
         "--quality-n",
         str(quality_n),
+        "--batch",
+        str(batch),
     ]
     if engine is not None:
         cmd += ["--engine", engine]
@@ -223,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--corpus", type=Path)
     parser.add_argument("--quality-n", type=int, default=cases.DEMO_N)
     parser.add_argument("--compile", action="store_true", help="ffai's opt-in dtype with its compiled parts")
+    parser.add_argument("--batch", type=int, default=1, help="windows ffai's text stage decodes together")
     args = parser.parse_args(argv)
     return print_result(
         lambda: run(
@@ -236,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
             corpus=args.corpus,
             quality_n=args.quality_n,
             compile=args.compile,
+            batch=args.batch,
         )
     )
 

@@ -79,6 +79,7 @@ class BenchOptions:
     quality_n: int = inputs.DEMO_N
     cores: int | None = None
     compile: bool = False
+    batch: int = 1
 
     def __post_init__(self) -> None:
         if self.repeats < 1:
@@ -90,13 +91,20 @@ class BenchOptions:
             raise UsageError(f"--cases: unknown case {unknown[0]!r} (known: {', '.join(inputs.CASES)})")
         if len(set(self.cases)) != len(self.cases):
             raise UsageError("--cases: a case is named twice")
-        RuntimeOptions(dtype=self.dtype, compile=self.compile)  # its own checks of --dtype and --compile
+        RuntimeOptions(dtype=self.dtype, compile=self.compile, batch=self.batch)  # its checks of these flags
         if self.quality_n < 1:
             raise UsageError("--quality-n must be at least 1")
         if self.cores is not None and self.cores < 1:
             raise UsageError("--cores must be at least 1")
         if self.quality_corpus is not None and not (self.quality_corpus / inputs.CORPUS_QUESTIONS).is_file():
             raise UsageError(f"--quality-corpus {self.quality_corpus}: no {inputs.CORPUS_QUESTIONS} in this folder")
+
+
+def parse_batch(text: str, compile: bool) -> int:
+    """``--batch`` as ``ffai caption`` reads it, on the CPU the bench runs on."""
+    from ffai.run.options import parse_batch
+
+    return parse_batch(text, "cpu", compile)
 
 
 def parse_cases(text: str) -> tuple[str, ...]:
@@ -117,6 +125,7 @@ def run_arm(arm: str, case: str, model_dir: Path, options: BenchOptions, cores: 
         cores=cores,
         quality_n=options.quality_n,
         compile=options.compile,
+        batch=options.batch,
         **paths,
     )
     proc, peak, wall = run_measured(cmd)
@@ -130,7 +139,14 @@ def run_precision(case: str, model_dir: Path, options: BenchOptions, cores: int,
     from ffai.bench import agreement
 
     cmd = agreement.command(
-        case, model_dir, engine=options.engine, dtype=options.dtype, cores=cores, clip=clip, compile=options.compile
+        case,
+        model_dir,
+        engine=options.engine,
+        dtype=options.dtype,
+        cores=cores,
+        clip=clip,
+        compile=options.compile,
+        batch=options.batch,
     )
     return _result(subprocess.run(cmd, capture_output=True, text=True), "the precision run", case)
 
@@ -160,7 +176,15 @@ def run_bench(options: BenchOptions, log: Callable[[str], None] = lambda message
     cores = options.cores or available_cores()
     cpu = ledger.cpu_identity()
     load = {"start": ledger.load_average()}
-    runs: dict[str, dict[str, list[dict]]] = {case: {arm: [] for arm in gates.ARMS} for case in options.cases}
+    # With --batch above 1, the clip case also faces the reference batched with padding, when it can.
+    batched = (
+        frozenset({"clip"} & set(options.cases))
+        if options.batch > 1 and _reference_batches(engine, model_dir)
+        else frozenset()
+    )
+    runs: dict[str, dict[str, list[dict]]] = {
+        case: {arm: [] for arm in (*gates.ARMS, gates.BATCHED)} for case in options.cases
+    }
     precision: dict[str, dict] = {}
     first_load = None
     if options.compile:
@@ -172,7 +196,7 @@ def run_bench(options: BenchOptions, log: Callable[[str], None] = lambda message
         log(f"ffai's first load, untimed (its compiled parts built or read): {first_load['wall_s']:.1f} s")
     with tempfile.TemporaryDirectory(prefix="ffai-bench-") as tmp:
         clip = inputs.write_clip(Path(tmp) / "clip.mp4") if "clip" in options.cases else None
-        for case, r, arm in gates.schedule(list(options.cases), options.repeats):
+        for case, r, arm in gates.schedule(list(options.cases), options.repeats, batched):
             result = run_arm(arm, case, model_dir, options, cores, clip=clip if case == "clip" else None)
             log(
                 f"{case} {r + 1}/{options.repeats} {arm}: {result['time_s']:.2f} s, "
@@ -191,7 +215,12 @@ def run_bench(options: BenchOptions, log: Callable[[str], None] = lambda message
             quality[arm] = {k: result[k] for k in ("correct", "total", "time_s", "answers")}
             log(f"quality {arm}: {result['correct']}/{result['total']}")
     flags = frozenset(cpu["flags"])
-    records = [gates.summarize_case(case, runs[case], options.dtype, precision[case], flags) for case in options.cases]
+    records = [
+        gates.summarize_case(
+            case, runs[case], options.dtype, precision[case], flags, inputs.CLIP_SECONDS if case == "clip" else None
+        )
+        for case in options.cases
+    ]
     results = gates.gates(records, quality, options.dtype)
     load["end"] = ledger.load_average()
     return {
@@ -199,6 +228,7 @@ def run_bench(options: BenchOptions, log: Callable[[str], None] = lambda message
         "model": str(model_dir),
         "dtype": options.dtype,
         "compile": options.compile,
+        "batch": options.batch,
         "first_load_s": None if first_load is None else first_load["wall_s"],
         "repeats": options.repeats,
         "cores": cores,
@@ -211,6 +241,13 @@ def run_bench(options: BenchOptions, log: Callable[[str], None] = lambda message
     }
 
 
+def _reference_batches(engine: str, model_dir: Path) -> bool:
+    """Whether the engine's reference arm can decode several windows in one batch."""
+    from ffai.bench.hooks import hooks_for
+
+    return hasattr(hooks_for(engine).reference(model_dir, 1), "clip_batched")
+
+
 def _precision_line(result: dict) -> str:
     floor = result["floor"]
     decode = result["decode_ms_per_token"]
@@ -218,6 +255,9 @@ def _precision_line(result: dict) -> str:
         f"prefill {result['prefill_s']:.2f} s, decode {decode} ms/token, floor {floor['ms']:.2f} ms "
         f"({floor['bytes'] / 1e6:.0f} MB at {floor['bandwidth_gb_s']} GB/s)"
     )
+    if result.get("batch_decode"):
+        b = result["batch_decode"]
+        line += f"; {b['rows']} rows a step: {b['ms_per_row']} ms/token each ({b['ratio']:.2f}x one row's)"
     if result["tile_cosines"] is None:
         return line
     tile = min(c for cosines in result["tile_cosines"].values() for c in cosines)
@@ -283,6 +323,7 @@ def render(report: dict, console) -> None:
             _tokens(r),
         )
     console.print(table)
+    render_throughput(report, console)
     render_precision(report, console)
     checks = Table(title="gates")
     for column in ("gate", "status", "detail"):
@@ -290,6 +331,46 @@ def render(report: dict, console) -> None:
     for name, gate in report["gates"].items():
         checks.add_row(name, f"[{_STYLES[gate['status']]}]{gate['status']}[/]", gate["detail"])
     console.print(checks)
+
+
+def render_throughput(report: dict, console) -> None:
+    """Per case: items a second and, for the clip, seconds of video a second (real-time factor);
+    with the batched reference, its time and ffai's speed-up over it."""
+    from rich.table import Table
+
+    records = report["cases"]
+    batched = [r for r in records if "reference_batched" in r]
+    table = Table(
+        title=f"throughput (ffai --batch {report.get('batch', 1)})",
+        caption="RTF: seconds of video per second of wall time (median runs)"
+        + (
+            f"; batched reference: {batched[0]['reference_batched']['batch']} windows a generate, padded"
+            if batched
+            else ""
+        ),
+    )
+    columns = ["case", "ffai items/s", "ref items/s", "ffai RTF", "ref RTF"]
+    if batched:
+        columns += ["batched ref s", "vs batched ref", "batched ref tokens"]
+    for column in columns:
+        table.add_column(column, justify="left" if column in ("case", "batched ref tokens") else "right")
+    for r in records:
+        speeds = r["throughput"]
+        rtf = [("–" if speeds[arm]["realtime"] is None else f"{speeds[arm]['realtime']:.2f}") for arm in gates.ARMS]
+        row = [r["case"], *(f"{speeds[arm]['items_per_s']:.2f}" for arm in gates.ARMS), *rtf]
+        if batched:
+            if "reference_batched" in r:
+                tokens = r["batched_reference_tokens"]
+                same = "same" if tokens["equal"] else f"{100 * tokens['agreement']:.0f}% same"
+                row += [
+                    _times(r["reference_batched"]),
+                    f"{r['speedup_batched_median']:.2f}x{_mark(r['speedup_batched_target_met'])}",
+                    same,
+                ]
+            else:
+                row += ["–", "–", "–"]
+        table.add_row(*row)
+    console.print(table)
 
 
 def _divergence(precision: dict) -> str:
@@ -372,6 +453,10 @@ def vlm(
             "--compile", help="ffai's opt-in dtype with its compiled parts, as `ffai caption --compile` runs it."
         ),
     ] = False,
+    batch: Annotated[
+        str,
+        typer.Option("--batch", help="Windows ffai's text stage decodes together, as `ffai caption --batch` reads it."),
+    ] = "auto",
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON on stdout.")] = False,
     ledger_path: Annotated[
         Optional[Path],
@@ -393,6 +478,7 @@ def vlm(
         quality_n=quality_n,
         cores=cores,
         compile=compile_,
+        batch=parse_batch(batch, compile_),
     )
 
     def log(message: str) -> None:

@@ -96,6 +96,35 @@ class KitBench:
             )
         return tokens, stamps[0] - start, [b - a for a, b in zip(stamps, stamps[1:])]
 
+    def step_seconds(self, model: InlineEngine, request: Request, rows: int, steps: int = 24) -> float:
+        """The median seconds of one decode step of ``rows`` sequences together (the request's
+        prompt, each in its own cache; one row: the lone step ``generate`` takes)."""
+        import statistics
+
+        import torch
+
+        from ffai.kit.generate import decode_one_token, prefill
+
+        encoded = model.through(request, "vision")
+        net = model["text"].net
+        text = net.text
+        times = []
+        with torch.inference_mode():
+            prompt = net.prompt(encoded)
+            caches = [text.new_cache(1, prompt.length + steps) for _ in range(rows)]
+            for cache in caches:
+                prefill(text, prompt, cache)
+            tokens = torch.full((rows,), int(encoded.input_ids[-1]), dtype=torch.long)
+            for step in range(steps):
+                slot = prompt.length + step
+                start = time.perf_counter()
+                if rows == 1:
+                    decode_one_token(text, tokens, slot, slot + prompt.delta, caches[0])
+                else:
+                    text.decode_rows(tokens, [(cache, slot, slot + prompt.delta) for cache in caches])
+                times.append(time.perf_counter() - start)
+        return statistics.median(times[2:])  # the first steps pay for buffers
+
     def decode_weights(self, model_dir: Path) -> int:
         """How many weights the text tower (embedding table, layers, final norm) and the LM head
         hold, counted from config.json (an int8 model's packed weights are no ``nn.Parameter``)."""

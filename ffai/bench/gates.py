@@ -15,6 +15,9 @@ Gates (a SKIP never counts as a pass, and never as a failure):
 3. footprint: ffai's peak RSS <= the reference's, per case;
 4. speed: ffai's median time <= the reference's, per case.
 
+With ``--batch`` above 1 the ``clip`` case runs a third arm, the reference batched with padding
+(``BATCHED``): its speed-up is reported beside the per-window one, never gated.
+
 The targets (speed-ups, RSS ratios, decode time per token against the memory floor) are reported
 beside the gates; they do not decide the exit code. The speed-up targets of the opt-in dtypes
 depend on what the CPU has (``speed_target``).
@@ -26,6 +29,7 @@ import statistics
 from typing import Iterator
 
 ARMS = ("ffai", "reference")
+BATCHED = "reference-batched"  # the clip case's third arm when ffai batches
 PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
 GATES = ("correctness", "quality", "footprint", "speed")  # float32's; other dtypes: "agreement" first
 SPEED_TARGETS = {"frame": 1.5, "window": 1.4, "still": 1.3, "clip": 1.5}  # reference time / ffai time, at least
@@ -38,6 +42,7 @@ FAST_FLAGS = {  # the /proc/cpuinfo flags that give the dtype native kernels
 AMX_SPEED_TARGETS = {"int8": ("amx_int8", 4.0), "bfloat16": ("amx_bf16", 3.0)}  # with AMX tiles, higher
 RSS_TARGETS = {"float32": 0.9, "bfloat16": 0.6, "int8": 0.5}  # ffai peak RSS / reference peak RSS, at most
 COSINE_MIN = {"bfloat16": 0.9995, "int8": 0.995}  # agreement gate: cosine with float32, at least
+BATCHED_SPEED_TARGETS = {"int8": 1.5}  # the clip case: batched reference time / ffai time, at least
 FLOOR_TARGETS = {"int8": 1.2}  # decode time per token / the memory floor, at most
 QUALITY_POINTS = 0.01  # an opt-in dtype's accuracy within one point of float32's
 DEMO_ACCURACY_MIN = 0.95  # and at least this on the demo model's held-out scenes
@@ -59,12 +64,14 @@ def speed_target(case: str, dtype: str, flags: frozenset[str] | set[str] = froze
     return fast if FAST_FLAGS.get(dtype, frozenset()) & set(flags) else slow
 
 
-def schedule(cases: list[str], repeats: int) -> Iterator[tuple[str, int, str]]:
+def schedule(cases: list[str], repeats: int, batched: frozenset[str] = frozenset()) -> Iterator[tuple[str, int, str]]:
     """(case, repeat, arm) in run order: per case the arms alternate ABBA over the repeats, so a
-    drift in machine load (shared cores, thermal) weighs on both arms alike."""
+    drift in machine load (shared cores, thermal) weighs on both arms alike; the cases in
+    ``batched`` run the batched reference too."""
     for case in cases:
+        arms = (*ARMS, BATCHED) if case in batched else ARMS
         for r in range(repeats):
-            for arm in ARMS if r % 2 == 0 else ARMS[::-1]:
+            for arm in arms if r % 2 == 0 else arms[::-1]:
                 yield case, r, arm
 
 
@@ -134,6 +141,7 @@ def summarize_precision(precision: dict, dtype: str, reference_tokens: dict[str,
         "floor_ratio": round(ratio, 3) if ratio is not None else None,
         "floor_target": target,
         "floor_target_met": None if target is None or ratio is None else ratio <= target,
+        "batch_decode": precision.get("batch_decode"),
     }
     if precision["float32_tokens"] is None:  # float32: nothing to agree with but itself
         return out
@@ -160,9 +168,12 @@ def summarize_case(
     dtype: str,
     precision: dict | None = None,
     flags: frozenset[str] | set[str] = frozenset(),
+    video_s: float | None = None,
 ) -> dict:
-    """One case's record: per-arm times and RSS, ratios against the targets, token agreement and,
-    given the case's precision run, its agreement with float32 and decode time per token."""
+    """One case's record: per-arm times and RSS, ratios against the targets, token agreement,
+    items per second (and for a clip of ``video_s`` seconds its real-time factor: seconds of
+    video per second of wall time) and, given the case's precision run, its agreement with
+    float32 and decode time per token; with the batched reference's runs, ffai against it too."""
     ffai, ref = _arm_summary(runs["ffai"]), _arm_summary(runs["reference"])
     # Each ffai run is compared with each reference run, so a run-to-run change shows too.
     tokens = [compare_tokens(a["tokens"], b["tokens"]) for a in runs["ffai"] for b in runs["reference"]]
@@ -172,7 +183,17 @@ def summarize_case(
     target = speed_target(case, dtype, flags)
     ref_tokens = runs["reference"][0]["tokens"]
     rss_target = RSS_TARGETS.get(dtype)
+    items = len({item for run in runs["ffai"] for item in run["tokens"]})
+    throughput = {
+        arm: {
+            "items_per_s": round(items / summary["median_s"], 3) if summary["median_s"] else None,
+            "realtime": round(video_s / summary["median_s"], 3) if video_s and summary["median_s"] else None,
+        }
+        for arm, summary in (("ffai", ffai), ("reference", ref))
+    }
     return {
+        **_batched_reference(runs.get(BATCHED), ffai, ref_tokens, dtype),
+        "throughput": throughput,
         "case": case,
         "ffai": ffai,
         "reference": ref,
@@ -186,6 +207,23 @@ def summarize_case(
         "tokens": worst,
         "precision": None if precision is None else summarize_precision(precision, dtype, ref_tokens),
         "ffai_imports_transformers": any(run.get("transformers_imported") for run in runs["ffai"]),
+    }
+
+
+def _batched_reference(runs: list[dict] | None, ffai: dict, ref_tokens: dict[str, list[int]], dtype: str) -> dict:
+    """The batched reference's summary, ffai's speed-up over it, and how its padded rows' tokens
+    agree with the reference's own per-window tokens (padding may round differently)."""
+    if not runs:
+        return {}
+    batched = _arm_summary(runs)
+    speedup = batched["median_s"] / ffai["median_s"] if ffai["median_s"] else float("inf")
+    target = BATCHED_SPEED_TARGETS.get(dtype)
+    return {
+        "reference_batched": {**batched, "batch": runs[0].get("batch")},
+        "speedup_batched_median": round(speedup, 3),
+        "speedup_batched_target": target,
+        "speedup_batched_target_met": None if target is None else speedup >= target,
+        "batched_reference_tokens": compare_tokens(runs[0]["tokens"], ref_tokens),
     }
 
 

@@ -42,6 +42,9 @@ class ReferenceArm(Protocol):
     def clip(self, path: Path) -> dict[str, list[int]]:
         """Each window of ``ffai.bench.cases.clip_items(path)`` by its id: its tokens."""
 
+    # Optional: ``clip_batched(path, batch)``, the same windows ``batch`` at a time in one padded
+    # batch; when an arm has it, ``ffai bench vlm --batch N`` runs the clip case against it too.
+
     def info(self) -> dict:
         """What the report keeps about this arm, e.g. ``{"torch_threads": {"main": 2}}``."""
 

@@ -118,6 +118,8 @@ def ledger_line(report: dict) -> dict:
         "git_commit": git_commit(),
         "model": report["model"],
         "dtype": report["dtype"],
+        "compile": report.get("compile", False),
+        "batch": report.get("batch", 1),
         "repeats": report["repeats"],
         "cases": cases,
         "quality": quality,

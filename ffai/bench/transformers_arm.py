@@ -31,6 +31,33 @@ def require(packages: tuple[str, ...]) -> None:
         raise ModelError(missing_reference(packages))
 
 
+def merge_inputs(parts: list, pad_id: int) -> dict:
+    """One batch from several prompts' processor outputs: what runs along the tokens
+    (``input_ids``, ``attention_mask``, token types) left-padded to the longest, with ``pad_id``
+    for ids and 0 elsewhere; the pictures' tensors stacked along dim 0, zero-padded where a
+    window has fewer pictures (Idefics3 drops all-zero pictures, as its processor pads them)."""
+    import torch
+    import torch.nn.functional as F
+
+    lengths = [part["input_ids"].shape[1] for part in parts]
+    longest = max(lengths)
+    merged = {}
+    for key in parts[0].keys():
+        tensors = [part[key] for part in parts]
+        if all(t.dim() >= 2 and t.shape[:2] == (1, n) for t, n in zip(tensors, lengths)):
+            fill = pad_id if key == "input_ids" else 0
+            merged[key] = torch.cat([F.pad(t, (longest - t.shape[1], 0), value=fill) for t in tensors])
+            continue
+        shape = [max(t.shape[d] for t in tensors) for d in range(1, tensors[0].dim())]
+        padded = []
+        for t in tensors:
+            room = t.new_zeros((t.shape[0], *shape))  # new_zeros: bool masks pad as well as floats
+            room[tuple(slice(0, n) for n in t.shape)] = t
+            padded.append(room)
+        merged[key] = torch.cat(padded)
+    return merged
+
+
 class TransformersArm(abc.ABC):
     name = "reference"
     writer: CheckpointWriter  # the engine's: it names transformers' classes for a checkpoint
@@ -88,6 +115,26 @@ class TransformersArm(abc.ABC):
     def clip(self, path: Path) -> dict[str, list[int]]:
         options = cases.decoding()
         return {item.id: self.answer(item, options)[0] for item in cases.clip_items(path)}
+
+    def clip_batched(self, path: Path, batch: int) -> dict[str, list[int]]:
+        """The clip's windows ``batch`` at a time through one ``generate`` each, left-padded as
+        transformers batches prompts: the strongest way its own API decodes several windows."""
+        import torch
+
+        options = cases.decoding()
+        windows = list(cases.clip_items(path))
+        pad = self.processor.tokenizer.pad_token_id
+        pad = pad if pad is not None else min(self.stop_ids)
+        budget = {"max_new_tokens": options.max_new_tokens, "min_new_tokens": options.max_new_tokens}
+        found = {}
+        for first in range(0, len(windows), batch):
+            group = windows[first : first + batch]
+            inputs = merge_inputs([self.inputs(item.request(options), options) for item in group], pad)
+            with torch.inference_mode():
+                out = self.model.generate(**inputs, **budget, do_sample=False, pad_token_id=pad)
+            for row, item in enumerate(group):
+                found[item.id] = out[row, inputs["input_ids"].shape[1] :].tolist()
+        return found
 
     def info(self) -> dict:
         """What the report keeps about this arm: its threads and its processors' classes."""
