@@ -184,6 +184,43 @@ def test_the_scheduler_batches_what_waits_and_answers_each_as_it_ends(model):
     assert watched.most == 2  # never more than max_active, and two did share steps
 
 
+def _serve(stage, encoded) -> dict:
+    scheduler = ContinuousScheduler(stage)
+    for i, e in enumerate(encoded):
+        scheduler.inbox.put(Message(NEW_REQUEST, i, e))
+    thread = threading.Thread(target=scheduler.start, daemon=True)
+    thread.start()
+    results = {}
+    while len(results) < len(encoded):
+        msg = scheduler.outbox.get(timeout=120)
+        assert msg.kind == RESULT, msg
+        results[msg.request_id] = msg.data
+    scheduler.stop()
+    thread.join(5)
+    return results
+
+
+def test_a_window_whose_cache_would_not_fit_waits_for_room(model, monkeypatch):
+    """With free memory for no new cache, a window joins others only on a cache one of them left
+    (each still answered as alone); with room, the same windows share steps."""
+    from ffai.kit import batched_decode, host
+
+    engine, net, _, encoded = model
+    alone_answers = {i: engine["text"](e) for i, e in enumerate(encoded)}
+    monkeypatch.setattr(host, "available_memory", lambda device="cpu": batched_decode.RESERVE_BYTES + 1)
+    cramped = _Watched(BatchedTextDecoder(net, engine["text"].prompts, max_active=3))
+    allocated_beside = []  # how many windows were decoding when each new cache was made
+    new_cache = net.text.new_cache
+    monkeypatch.setattr(net.text, "new_cache", lambda *a: allocated_beside.append(cramped.active()) or new_cache(*a))
+    assert _serve(cramped, encoded) == alone_answers
+    assert allocated_beside and set(allocated_beside) == {0}
+    monkeypatch.undo()
+    monkeypatch.setattr(host, "available_memory", lambda device="cpu": None)  # cannot tell: no cap
+    roomy = _Watched(BatchedTextDecoder(net, engine["text"].prompts, max_active=3))
+    assert _serve(roomy, encoded) == alone_answers
+    assert roomy.most > 1
+
+
 def test_a_window_aborted_mid_decode_leaves_the_batch(model):
     engine, net, _, encoded = model
     stage = BatchedTextDecoder(net, engine["text"].prompts, max_active=3)

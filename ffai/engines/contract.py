@@ -216,12 +216,18 @@ class StageSpec:
     object with ``join(key, payload, on_text=None)``, ``step()``, ``drop(key)``, ``active()`` and
     ``max_active``, which the pipeline runs with its continuous scheduler
     (``ffai.pipeline.scheduler.ContinuousScheduler``); called as a function it answers one request
-    alone. The kit's text stage is one (``ffai.kit.stages.BatchedTextDecoder``).
+    alone. The kit's text stage is one (``ffai.kit.stages.BatchedTextDecoder``). Its ``join`` may
+    raise :class:`NoRoomYet` while others are served: the request joins after a later step.
     """
 
     name: str
     factory: str
     process: str
+
+
+class NoRoomYet(Exception):
+    """A continuous stage cannot take a request now (its memory would not fit beside the requests
+    it serves); the pipeline offers it again once one of those has ended."""
 
 
 class Engine(Protocol):

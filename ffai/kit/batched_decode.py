@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Callable, Hashable, Sequence
 
 import torch
 
+from ffai.engines.contract import NoRoomYet
 from ffai.errors import EngineError
 from ffai.kit.generate import Prompt, prefill
 from ffai.kit.token_sampling import picker
@@ -37,13 +38,20 @@ class _Sequence:
     pending: int | None = None  # the token to feed at the next step
 
 
+# What a joining sequence must leave free besides its cache: room for the step's activations and
+# for the pipeline's other windows, so a batch never pushes the machine into swap.
+RESERVE_BYTES = 512 * 2**20
+
+
 class DecodeBatch:
     """The sequences a text tower is decoding, stepped together.
 
     ``join`` prefills a sequence alone and picks its first token; ``step`` feeds every sequence's
     last token through one batched step and picks the next ones. Both return the sequences that
     ended (a stop id, or ``max_new_tokens`` tokens) with their tokens, stop id left out, as
-    ``generate`` returns them. Caches of ended sequences are kept for later ones that fit."""
+    ``generate`` returns them. Caches of ended sequences are kept for later ones that fit. A
+    sequence whose new cache would not fit in free memory (``ffai.kit.host.available_memory``)
+    waits for one of the others to end (``NoRoomYet``); alone, it joins whatever is free."""
 
     def __init__(self, text: TextModel, stop_ids: Sequence[int]) -> None:
         self.text = text
@@ -71,7 +79,7 @@ class DecodeBatch:
             raise EngineError(
                 f"prompt of {prompt.length} tokens + {n} new tokens exceeds the model's context of {limit}"
             )
-        cache = self._cache(prompt.length + n)
+        cache = self._cache(prompt.length + n, room=bool(self._active))
         sequence = _Sequence(prompt, options, cache, picker(options, self.text.device), on_token, prompt.length)
         try:
             logits = prefill(self.text, prompt, cache)
@@ -128,9 +136,11 @@ class DecodeBatch:
         self._spare.append(sequence.cache)
         return sequence.tokens
 
-    def _cache(self, length: int) -> KVCache:
+    def _cache(self, length: int, room: bool = False) -> KVCache:
         """A cache for ``length`` positions: the smallest spare one that fits, else a new one
-        (rounded up as the tower rounds its own, so that later sequences fit it)."""
+        (rounded up as the tower rounds its own, so that later sequences fit it); with ``room``,
+        ``NoRoomYet`` when a new one would not fit in free memory."""
+        from ffai.kit import host
         from ffai.kit.text_tower import CACHE_STEP
 
         dtype = self.text.cache_dtype or self.text.dtype
@@ -139,8 +149,12 @@ class DecodeBatch:
             cache = min(fits, key=lambda c: c.max_len)
             self._spare.remove(cache)
             return cache
-        size = min(-(-length // CACHE_STEP) * CACHE_STEP, self.text.cfg.max_position_embeddings)
-        return self.text.new_cache(1, max(size, length))
+        size = max(min(-(-length // CACHE_STEP) * CACHE_STEP, self.text.cfg.max_position_embeddings), length)
+        if room:
+            free = host.available_memory(str(self.text.device))
+            if free is not None and free < self.text.cache_bytes(1, size) + RESERVE_BYTES:
+                raise NoRoomYet(f"a cache of {size} positions does not fit in free memory")
+        return self.text.new_cache(1, size)
 
     def release(self) -> None:
         """Free the spare caches (the active ones stay)."""

@@ -5,7 +5,7 @@ Everything a process asks of its host or sets on it lives here, so engines and t
 share one copy: the CPU's model and flags (read once from /proc/cpuinfo), the thread count a
 pipeline process runs with, a malloc arena per compute thread, the heap's free pages handed back
 after each stage, glibc's heap settings around a load that reads its weights through buffers,
-and the peak RSS the bench and the memory benchmark sample. Why each setting is what it is,
+the memory still free, and the peak RSS the bench and the memory benchmark sample. Why each setting is what it is,
 with the figures behind it: docs/precision-and-speed.md, docs/how-it-works.md and docs/benchmarks.md.
 
 This module reports and sets. Which dtypes are fast here is its one answer (``CpuInfo.fast_dtypes``,
@@ -225,6 +225,25 @@ def heap_for_loading() -> Iterator[None]:
 # ``ru_maxrss`` covers one process (or the largest child), not a tree of workers alive at the
 # same time; the bench and the memory benchmark need the sum over the tree at its peak (Linux).
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+MEMINFO = Path("/proc/meminfo")
+
+
+def available_memory(device: str = "cpu") -> int | None:
+    """Bytes a new allocation can take without swapping: the kernel's MemAvailable on the CPU,
+    the free device memory on a GPU; None where it cannot be told."""
+    if device.startswith("cuda"):
+        import torch
+
+        return int(torch.cuda.mem_get_info(torch.device(device))[0])
+    try:
+        for line in MEMINFO.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def _children(pid: int) -> list[int]:

@@ -256,6 +256,12 @@ class TextModel(nn.Module):
             self.rope = RopeTable(length, self.cfg.head_dim, self.cfg.rope_theta, self.dtype, self.device)
         return self.rope.rows(start, end)
 
+    def cache_bytes(self, batch: int, max_len: int) -> int:
+        """What ``new_cache(batch, max_len)`` allocates, in bytes."""
+        cfg, dtype = self.cfg, self.cache_dtype or self.dtype
+        per_layer = 2 * batch * cfg.num_key_value_heads * max_len * cfg.head_dim
+        return per_layer * cfg.num_hidden_layers * torch.empty((), dtype=dtype).element_size()
+
     def new_cache(self, batch: int, max_len: int) -> KVCache:
         """A cache of its own for the caller (the tower's own one is ``reserve_cache``'s)."""
         return KVCache(self.cfg, batch, max_len, self.cache_dtype or self.dtype, self.device)

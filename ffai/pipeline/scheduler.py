@@ -28,6 +28,7 @@ import time
 import traceback
 from typing import Any, Callable, Sequence
 
+from ffai.engines.contract import NoRoomYet
 from ffai.pipeline.errors import PipelineError, RequestAborted
 from ffai.pipeline.messages import (
     ABORT,
@@ -268,11 +269,13 @@ class ContinuousScheduler(Scheduler):
 
     Between two steps every waiting request joins while fewer than ``max_active`` are active, so
     one that arrives mid-way joins at the next step, and a result goes out the moment its request
-    ends, never held for the others. An idle stage takes a lone request at once. A request's
-    chunks may be emitted from any later step (:func:`emitter`, captured when it joins). An
-    exception from ``join`` fails its request alone; one from ``step`` fails the requests that
-    step served. ``run(fn, *args)`` runs each call (the process's compute thread, where stages
-    take turns: each step is one turn); ``after`` runs after a call that ended requests.
+    ends, never held for the others; one the stage has no room for yet (``join`` raises
+    ``ffai.engines.contract.NoRoomYet``) waits, first in line, until a request ends. An idle stage
+    takes a lone request at once. A request's chunks may be emitted from any later step
+    (:func:`emitter`, captured when it joins). An exception from ``join`` fails its request alone;
+    one from ``step`` fails the requests that step served. ``run(fn, *args)`` runs each call (the
+    process's compute thread, where stages take turns: each step is one turn); ``after`` runs
+    after a call that ended requests.
     """
 
     def __init__(
@@ -300,7 +303,8 @@ class ContinuousScheduler(Scheduler):
             while (msg := self._get(0)) is not None:
                 self.handle(msg)
             while self._pending and len(self._joined) < self.stage.max_active:
-                self._join(*self._pending.popleft())
+                if not self._join(*self._pending.popleft()):
+                    break  # no room until a request ends: step the ones joined
             if self._joined:
                 self._step()
 
@@ -316,18 +320,26 @@ class ContinuousScheduler(Scheduler):
         elif msg.kind in (STREAM_CHUNK, STREAM_DONE):
             self.put_error(msg.request_id, PipelineError("this stage does not consume stream chunks"))
 
-    def _join(self, request_id: Any, payload: Any) -> None:
+    def _join(self, request_id: Any, payload: Any) -> bool:
+        """Join one request; False when the stage has no room for it yet (it waits, first in line)."""
         try:
             result = self._run(self._joining, request_id, payload)
+        except NoRoomYet:
+            if not self._joined:  # nothing to wait for: a stage alone must take it or fail it
+                self.put_error(request_id, PipelineError("the stage has no room for a request even alone"))
+                return True
+            self._pending.appendleft((request_id, payload))
+            return False
         except Exception as exc:  # this request's failure alone
             self.put_error(request_id, exc)
             self._after()
-            return
+            return True
         if result is None:
             self._joined.add(request_id)
         else:
             self.put_result(request_id, result)
             self._after()
+        return True
 
     def _joining(self, request_id: Any, payload: Any) -> Any:
         _emitter.send = lambda chunk: self._chunk(request_id, chunk)
