@@ -15,6 +15,7 @@ import pytest
 import ray
 
 from ffai.bench import checkpoints, demo_scenes
+from ffai.engines.contract import RuntimeOptions
 from ffai.errors import FfaiError
 from ffai.ray.backend import RayBackend, RayResources
 from ffai.run.options import CaptionOptions
@@ -24,7 +25,8 @@ from sample_media import make_clip
 
 pytestmark = pytest.mark.ray
 
-OPTIONS = CaptionOptions(fps=1, window=3)
+# Three windows decoded together in each actor (and in the local run they are compared with).
+OPTIONS = CaptionOptions(fps=1, window=3, runtime=RuntimeOptions(batch=3))
 DEMO_CLIP = Path(__file__).resolve().parents[1] / "examples" / "demo_clip.mp4"
 
 
@@ -79,6 +81,7 @@ def test_same_tracks_as_a_local_run(corpus, local_run, backend, tmp_path):
     assert errors == local_errors
     assert read_tracks(tmp_path) == tracks
     assert len(tracks) == 6  # every input but the bad one
+    assert backend.pool.per_actor == 4  # each actor is sent its batch and one more
 
 
 def test_actor_sigkilled_mid_run_is_replaced_and_its_windows_redone(corpus, local_run, backend, tmp_path):

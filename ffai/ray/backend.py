@@ -32,7 +32,7 @@ from typing import Any, Iterator, Sequence
 
 from ffai.errors import FfaiError, UsageError
 from ffai.media import MediaInfo, is_live, is_url, source_label
-from ffai.ray.pool import ACTOR_IN_FLIGHT, ActorPool, Lost, Outcome, cause_line, classify_fault
+from ffai.ray.pool import ActorPool, Lost, Outcome, cause_line, classify_fault, windows_per_actor
 from ffai.ray.workers import EngineActor, Failed, WindowResult, decode_input
 from ffai.run import interrupts
 from ffai.run.captioner import Captioner
@@ -245,7 +245,8 @@ class RayBackend:
         gpus = self._ray.cluster_resources().get("GPU", 0.0)
         self.plan = plan_resources(self._node_cpus(), gpus, self.options.runtime.device, self.resources)
         asks = f"{self.plan.cpus:g} CPUs, {self.plan.gpus:g} GPUs each"
-        self.pool = ActorPool(self._ray, self._new_actor, self.plan.actors, asks)
+        per_actor = windows_per_actor(self.captioner.options.runtime.batch)
+        self.pool = ActorPool(self._ray, self._new_actor, self.plan.actors, asks, per_actor)
         # The run starts with the first actor up; the others join as they finish loading.
         self.pool.start()
 
@@ -256,12 +257,12 @@ class RayBackend:
         actor_class = ray.remote(EngineActor).options(
             num_cpus=plan.cpus,
             num_gpus=plan.gpus,
-            max_concurrency=ACTOR_IN_FLIGHT,
+            max_concurrency=self.pool.per_actor,
             max_restarts=0,  # this driver replaces a dead actor and resends its windows itself
             scheduling_strategy="SPREAD",
         )
         model_dir = str(c.model_dir.absolute())  # the actors' working folder is not ours
-        return actor_class.remote(list(c.engine.stages()), model_dir, runtime, plan.threads, ACTOR_IN_FLIGHT)
+        return actor_class.remote(list(c.engine.stages()), model_dir, runtime, plan.threads, self.pool.per_actor)
 
     def actors_working(self) -> int:
         """How many actors are up and hold windows right now (the node fault test waits for
@@ -316,7 +317,7 @@ class _Run:
         self.todo = deque(inputs)
         self.open: list[_Input] = []
         self.generators: dict[Any, tuple[_Input, int]] = {}  # decode task -> (input, attempt)
-        self.in_flight = max(backend.options.max_in_flight, ACTOR_IN_FLIGHT * backend.plan.actors)
+        self.in_flight = max(backend.options.max_in_flight, backend.pool.per_actor * backend.plan.actors)
         # Inputs decoding at once: enough to keep every actor fed, and no more (docs/benchmarks.md, *Ray*).
         self.max_open = backend.plan.actors + 1
         self.pool.begin(wanted=lambda tag: not tag[0].finished and tag[2] not in tag[0].results)

@@ -3,9 +3,10 @@
 What the local pipeline's ``Coordinator`` is to this machine's processes, ``ActorPool`` is to Ray
 actors: each actor (``ffai.ray.workers.EngineActor``) runs the engine's own stages with its
 weights loaded once; the pool sends each window to the least busy ready actor, at most
-``ACTOR_IN_FLIGHT`` each, and gives back each window's outcome. It owns the actors' faults: Ray
-runs each call at most once here (no restarts), a window whose actor died goes to another actor,
-and a new actor replaces the dead one, a bounded number of times per run. Which windows exist and
+``windows_per_actor`` each (its text stage's batch and one more), and gives back each window's
+outcome. It owns the actors' faults: Ray runs each call at most once here (no restarts), a window
+whose actor died goes to another actor, and a new actor replaces the dead one, a bounded number of
+times per run. Which windows exist and
 in what order their answers are released is the caller's (``ffai.ray.backend``), as it is the
 local run's (``ffai.run.window_source``).
 """
@@ -21,6 +22,14 @@ from ffai.errors import FfaiError
 from ffai.ray.workers import Failed, WindowResult
 
 ACTOR_IN_FLIGHT = 2  # windows per actor: one computing, one waiting, so an actor never idles
+
+
+def windows_per_actor(batch: int) -> int:
+    """Windows an actor holds at once: its text stage's batch and one more being prepared (at least
+    ``ACTOR_IN_FLIGHT``), so each actor batches what it is sent."""
+    return max(ACTOR_IN_FLIGHT, batch + 1)
+
+
 START_TIMEOUT_S = 300.0  # for the first engine actor to load (a cluster may be adding a node)
 
 
@@ -55,8 +64,11 @@ class ActorPool:
     says whether a window still needs an answer: one that does not (its input ended or already
     has that window's answer) is never sent again."""
 
-    def __init__(self, ray: Any, new_actor: Callable[[], Any], size: int, describe: str) -> None:
+    def __init__(
+        self, ray: Any, new_actor: Callable[[], Any], size: int, describe: str, per_actor: int = ACTOR_IN_FLIGHT
+    ) -> None:
         self._ray = ray
+        self.per_actor = per_actor  # windows sent to one actor at once
         self._new_actor = new_actor
         self._size = size
         self._describe = describe  # what each actor asks of the cluster, for the one-line error
@@ -172,7 +184,7 @@ class ActorPool:
     def _dispatch(self) -> None:
         """Hand waiting windows to the least busy ready actors."""
         while self._waiting:
-            ready = [s for s in self._slots if s.ready and s.busy < ACTOR_IN_FLIGHT]
+            ready = [s for s in self._slots if s.ready and s.busy < self.per_actor]
             if not ready:
                 return
             slot = min(ready, key=lambda s: s.busy)
