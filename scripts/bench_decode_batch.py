@@ -1,9 +1,9 @@
-"""What decoding several windows together would buy on this CPU, side by side in one run.
+"""What decoding several windows together buys on this CPU, side by side in one run.
 
-    python scripts/bench_decode_batch.py [--batch 1,2,4] [--steps 12] [--threads 2] [--model DIR]
+    python scripts/bench_decode_batch.py [--batch 1,2,4] [--steps 12] [--threads 2] [--dtype D] [--model DIR]
 
 B sequences, each with its own prompt length and KV cache (as windows in flight have), take
-decode steps through the engine's text tower in three schedules:
+decode steps through the engine's text tower in four schedules:
 
 - ``serial``: the engine's own forward, one sequence's whole step after another: what ffai
   does, and what the reference does window by window (one-row matmuls everywhere).
@@ -12,6 +12,8 @@ decode steps through the engine's text tower in three schedules:
 - ``stacked``: one B-row matmul per weight, the usual "batched decode". MKL picks another
   kernel for B rows, so the logits differ from ``serial`` in the last bits; the script prints
   whether they are equal and whether the greedy tokens still agree.
+- ``rows``: what ffai runs (``ffai.kit.text_tower.TextModel.decode_rows``, ``--batch``): one
+  step for all rows, each row's products as it would be alone, so bit for bit ``serial``.
 
 Printed per B: milliseconds per step (median over ``--steps``) and the time relative to
 ``serial`` at the same B, measured in the same run (1.00 = no saving; 1/B would be one
@@ -27,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-SCHEDULES = ("serial", "interleaved", "stacked")
+SCHEDULES = ("serial", "interleaved", "stacked", "rows")
 
 
 def project(hs: list, weight, bias, schedule: str) -> list:
@@ -67,8 +69,12 @@ def layer_step(layer, xs: list, seqs: list, schedule: str) -> list:
     return [x + d for x, d in zip(xs, project(gated, mlp.down_proj.weight, mlp.down_proj.bias, schedule))]
 
 
-def step(tower, xs: list, seqs: list, schedule: str) -> list:
-    """One decode step for every sequence -> each sequence's (1, 1, vocab) logits."""
+def step(tower, tokens, seqs: list, schedule: str) -> list:
+    """One decode step for every sequence's token -> each sequence's (1, 1, vocab) logits."""
+
+    if schedule == "rows":
+        return list(tower.decode_rows(tokens, [(s["cache"], s["pos"], s["pos"]) for s in seqs])[:, None].split(1))
+    xs = list(tower.embed(tokens[:, None]).split(1))
     if schedule == "serial":  # the tower's own forward, one sequence after another
         return [
             tower(x, tower.rope_rows(seq["pos"], seq["pos"] + 1), slice(seq["pos"], seq["pos"] + 1), seq["cache"])
@@ -86,6 +92,7 @@ def main() -> int:
     parser.add_argument("--batch", default="1,2,4", help="numbers of sequences decoded together")
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--dtype", default="float32", help="the text tower's dtype, as ffai caption --dtype")
     parser.add_argument("--model", help="checkpoint folder (default: the real-shape random test checkpoint)")
     args = parser.parse_args()
 
@@ -97,31 +104,36 @@ def main() -> int:
 
     torch.set_num_threads(args.threads)
     path = Path(args.model) if args.model else checkpoints.checkpoint("real")
-    tower = InlineEngine.load("smolvlm", path, RuntimeOptions(threads=args.threads, device="cpu"))["text"].net.text
-    print(f"checkpoint {path.name}, torch {torch.__version__}, {args.threads} thread(s)")
+    tower = InlineEngine.load("smolvlm", path, RuntimeOptions(dtype=args.dtype, threads=args.threads, device="cpu"))[
+        "text"
+    ].net.text
+    print(f"checkpoint {path.name}, {args.dtype}, torch {torch.__version__}, {args.threads} thread(s)")
     print(f"{'B':>3}{'schedule':>13}{'ms/step':>10}{'vs serial':>11}  logits vs serial")
+    # interleaved and stacked take the float weights apart; the other dtypes' linears are not plain.
+    schedules = SCHEDULES if args.dtype == "float32" else ("serial", "rows")
     with torch.inference_mode():
         for b in (int(v) for v in args.batch.split(",")):
             times, logits = {}, {}
-            for schedule in SCHEDULES:
+            for schedule in schedules:
                 gen = torch.Generator().manual_seed(b)
                 seqs = []
                 for i in range(b):  # prompts of different lengths, each in its own cache
                     length = 90 + 7 * i
                     cache = tower.new_cache(1, length + args.steps + 1)
-                    tower(torch.randn(1, length, tower.cfg.hidden_size, generator=gen), torch.arange(length), cache)
+                    prompt = torch.randn(1, length, tower.cfg.hidden_size, generator=gen).to(tower.dtype)
+                    tower(prompt, tower.rope_rows(0, length), slice(0, length), cache)
                     seqs.append({"cache": cache, "pos": length})
-                xs = [torch.randn(1, 1, tower.cfg.hidden_size, generator=gen) for _ in range(b)]
-                step(tower, xs, seqs, schedule)  # warm-up (writes position pos; overwritten below)
+                tokens = torch.randint(0, tower.cfg.vocab_size, (b,), generator=gen)
+                step(tower, tokens, seqs, schedule)  # warm-up (writes position pos; overwritten below)
                 samples = []
                 for _ in range(args.steps):
                     start = time.perf_counter()
-                    out = step(tower, xs, seqs, schedule)
+                    out = step(tower, tokens, seqs, schedule)
                     samples.append(time.perf_counter() - start)
                     for seq in seqs:
                         seq["pos"] += 1
                 times[schedule], logits[schedule] = statistics.median(samples), out
-            for schedule in SCHEDULES:
+            for schedule in schedules:
                 same = all(torch.equal(a, c) for a, c in zip(logits[schedule], logits["serial"]))
                 agree = all(int(a.argmax()) == int(c.argmax()) for a, c in zip(logits[schedule], logits["serial"]))
                 verdict = "bit-identical" if same else f"differ (argmax {'agrees' if agree else 'DIFFERS'})"

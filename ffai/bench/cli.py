@@ -1,7 +1,8 @@
 """`ffai bench vlm`: ffai's engine against its reference implementation, four gates, one ledger line.
 
     ffai bench vlm [--engine NAME] [--model NAME|PATH] [--cases frame,still,window,clip] [--repeats N]
-                   [--dtype float32|bfloat16|int8] [--compile] [--quality-corpus DIR] [--json] [--ledger FILE]
+                   [--dtype float32|bfloat16|int8] [--compile] [--batch B|auto] [--quality-corpus DIR] [--json]
+                   [--ledger FILE]
 
 How a run goes (choices documented here, in one place):
 
@@ -40,6 +41,10 @@ How a run goes (choices documented here, in one place):
 - ``--compile``: ffai's arm and its precision run load as ``ffai caption --compile`` does (an
   opt-in dtype with the parts the engine compiles for this machine). One load before the cases,
   untimed, builds them if the machine's cache lacks them; its wall time is reported.
+- ``--batch``: the windows ffai's text stage decodes together, read as ``ffai caption --batch``
+  reads it (auto: 4 on a CPU). Above 1, the clip case runs a third arm, ``reference-batched``
+  (the reference's ``clip_batched``: B windows a ``generate``, left-padded), in the same ABBA
+  turns; its speed-up is reported beside the per-window one, never gated.
 - Output: a rich table on stderr, the report as JSON on stdout with ``--json``, one line
   appended to the ledger (``--ledger FILE``, default ``$FFAI_HOME/bench/ledger.jsonl``).
 - Exit status: 0 when no gate FAILed (SKIP is not a failure, and not a pass), 1 when any did —
