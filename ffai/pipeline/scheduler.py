@@ -182,13 +182,7 @@ class SimpleScheduler(Scheduler):
                 self._run(batch)
 
     def handle(self, msg: Message) -> None:
-        if msg.kind == NEW_REQUEST:
-            if not self.is_aborted(msg.request_id):
-                self._pending.append((msg.request_id, msg.data))
-        elif msg.kind == ABORT:
-            self._pending = collections.deque(p for p in self._pending if p[0] != msg.request_id)
-        elif msg.kind in (STREAM_CHUNK, STREAM_DONE):
-            self.put_error(msg.request_id, PipelineError("this stage does not consume stream chunks"))
+        _queue(self, msg)
 
     def _next_batch(self) -> list[tuple[Any, Any]]:
         while not self._pending:
@@ -260,6 +254,18 @@ class SimpleScheduler(Scheduler):
                 self.put_result(rid, result)
 
 
+def _queue(scheduler: SimpleScheduler | ContinuousScheduler, msg: Message) -> None:
+    """A request-at-a-time scheduler's inbox: a new request waits its turn (unless already
+    aborted), an abort takes it out of the queue, a stream chunk is refused."""
+    if msg.kind == NEW_REQUEST:
+        if not scheduler.is_aborted(msg.request_id):
+            scheduler._pending.append((msg.request_id, msg.data))
+    elif msg.kind == ABORT:
+        scheduler._pending = collections.deque(p for p in scheduler._pending if p[0] != msg.request_id)
+    elif msg.kind in (STREAM_CHUNK, STREAM_DONE):
+        scheduler.put_error(msg.request_id, PipelineError("this stage does not consume stream chunks"))
+
+
 class ContinuousScheduler(Scheduler):
     """Requests served together by a continuous stage, a step at a time: the stage object has
     ``join(request_id, payload)`` (start a request: its result if it is done at once, else None),
@@ -309,16 +315,10 @@ class ContinuousScheduler(Scheduler):
                 self._step()
 
     def handle(self, msg: Message) -> None:
-        if msg.kind == NEW_REQUEST:
-            if not self.is_aborted(msg.request_id):
-                self._pending.append((msg.request_id, msg.data))
-        elif msg.kind == ABORT:
-            self._pending = collections.deque(p for p in self._pending if p[0] != msg.request_id)
-            if msg.request_id in self._joined:
-                self._joined.discard(msg.request_id)
-                self._run(self.stage.drop, msg.request_id)
-        elif msg.kind in (STREAM_CHUNK, STREAM_DONE):
-            self.put_error(msg.request_id, PipelineError("this stage does not consume stream chunks"))
+        _queue(self, msg)
+        if msg.kind == ABORT and msg.request_id in self._joined:
+            self._joined.discard(msg.request_id)
+            self._run(self.stage.drop, msg.request_id)
 
     def _join(self, request_id: Any, payload: Any) -> bool:
         """Join one request; False when the stage has no room for it yet (it waits, first in line)."""
