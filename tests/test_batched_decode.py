@@ -206,6 +206,8 @@ def test_a_window_whose_cache_would_not_fit_waits_for_room(model, monkeypatch):
     from ffai.kit import batched_decode, host
 
     engine, net, _, encoded = model
+    if engine.runtime.dtype != "float32":
+        pytest.skip("the rule is the caches', the same in every dtype: float32 of each family holds it")
     alone_answers = {i: engine["text"](e) for i, e in enumerate(encoded)}
     monkeypatch.setattr(host, "available_memory", lambda device="cpu": batched_decode.RESERVE_BYTES + 1)
     cramped = _Watched(BatchedTextDecoder(net, engine["text"].prompts, max_active=3))
