@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ffai import media
-from ffai.engines.contract import Answer, RuntimeOptions, StageSpec
+from ffai.engines.contract import Answer, NoRoomYet, RuntimeOptions, StageSpec
 from ffai.errors import FfaiError
 from ffai.outputs.cues import Cue
 from ffai.pipeline import Coordinator, PipelineConfig, is_continuous
@@ -103,11 +103,14 @@ class _TimedContinuous:
         self.name, self.stage, self.max_active = name, stage, stage.max_active
 
     def join(self, key: Any, payload: Any) -> Any:
-        start = time.perf_counter()
+        start, calls = time.perf_counter(), 1
         try:
             return self.stage.join(key, payload)
+        except NoRoomYet:
+            calls = 0  # not joined: the window is offered again, and counted then
+            raise
         finally:
-            _clock(self.name, time.perf_counter() - start, 1)
+            _clock(self.name, time.perf_counter() - start, calls)
 
     def step(self) -> list:
         start = time.perf_counter()
