@@ -5,7 +5,7 @@ A decode step on a CPU is the read of the text tower's weights; one read serves 
 :meth:`ffai.kit.text_tower.TextModel.decode_rows`. Each sequence keeps its own KV cache, sized by
 its prompt and its ``max_new_tokens``, its own sampler and its own stop rule, exactly as
 :func:`ffai.kit.generate.generate` runs one alone; and each row of a step is computed as it would
-be alone (``ffai.kit.linears.linear``, ``ffai.kit.opt_in_linears.several_sequences``), so a sequence's
+be alone (``ffai.kit.linears.linear``, ``ffai.kit.linears.several_sequences``), so a sequence's
 tokens are the same whichever others share its steps (tests/test_batched_decode.py).
 """
 

@@ -21,6 +21,12 @@ from torch import nn
 from ffai.errors import ModelError
 
 
+def several_sequences(x: torch.Tensor) -> bool:
+    """Whether ``x`` is a decode step of several sequences, (B, 1, D) with B > 1: each row is then
+    computed as it would be alone, so a sequence's tokens do not depend on its batch."""
+    return x.dim() == 3 and x.shape[1] == 1 and x.shape[0] > 1
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear``, with a one-row input (a decode step) spread over torch's threads.
 
@@ -36,9 +42,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     float32's on an AVX512_BF16 CPU), so bfloat16 takes the same blocks: its rounding is
     bfloat16's either way (``--dtype bfloat16`` is opt-in and never called identical).
     """
-    if x.dim() == 3 and x.shape[1] == 1 and x.shape[0] > 1:
-        # A decode step of several sequences: each row as it would be alone (a kernel picks its
-        # sum order by the row count), so a sequence's tokens do not depend on its batch.
+    if several_sequences(x):  # a kernel picks its sum order by the row count: each row alone
         return torch.cat([linear(row, weight, bias) for row in x.split(1)])
     p = torch.get_num_threads()
     n, k = weight.shape

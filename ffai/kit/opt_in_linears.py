@@ -15,15 +15,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ffai.kit.linears import several_sequences
+
 # torch marks its quantised tensors deprecated; OneDnnInt8Linear quantises each call's
 # activations through one (the fastest of torch's quantisers) and keeps only its bytes.
 warnings.filterwarnings("ignore", message=r"torch\.quantize_per_tensor, torch\.quantize_per_channel")
-
-
-def several_sequences(x: torch.Tensor) -> bool:
-    """Whether ``x`` is a decode step of several sequences, (B, 1, D) with B > 1: each row is then
-    computed as it would be alone, so a sequence's tokens do not depend on its batch."""
-    return x.dim() == 3 and x.shape[1] == 1 and x.shape[0] > 1
 
 
 class QuantizedLinear(nn.Module):
