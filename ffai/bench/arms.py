@@ -30,15 +30,15 @@ import sys
 import time
 from pathlib import Path
 
-from ffai.bench import cases
+from ffai.bench import cases, gates
 from ffai.bench.cases import Item, QualityItem
 from ffai.engines.contract import DTYPES, DecodingOptions, RuntimeOptions
 from ffai.errors import FfaiError
 from ffai.run.captioner import Captioner, available_cores
 from ffai.run.options import CaptionOptions
 
-ARMS = ("ffai", "reference", "reference-batched")
-BATCHED = "reference-batched"
+BATCHED = gates.BATCHED
+ARMS = (*gates.ARMS, BATCHED)
 QUALITY = "quality"  # the case name of the quality run
 LOAD = "load"  # the case name of a load alone (untimed: fills the machine's caches of compiled parts)
 
