@@ -23,7 +23,7 @@ from ffai.kit.batched_decode import DecodeBatch
 from ffai.kit.generate import Prompt, decode_one_token, generate, prefill
 from ffai.kit.stages import BatchedTextDecoder
 from ffai.pipeline.messages import NEW_REQUEST, RESULT, Message
-from ffai.pipeline.scheduler import ContinuousScheduler
+from ffai.pipeline.scheduler import ContinuousScheduler, ContinuousWrapper
 from ffai.run.inline import InlineEngine
 
 ENGINES = ("smolvlm", "qwen3-vl")
@@ -144,24 +144,16 @@ def test_the_stage_streams_each_window_its_own_pieces(model):
         assert "".join(pieces[i]) == answers[i].text
 
 
-class _Watched:
+class _Watched(ContinuousWrapper):
     """The stage, with the most windows it ever decoded in one step noted."""
 
     def __init__(self, stage) -> None:
-        self.stage, self.max_active, self.most = stage, stage.max_active, 0
-
-    def join(self, key, payload):
-        return self.stage.join(key, payload)
+        super().__init__(stage)
+        self.most = 0
 
     def step(self):
         self.most = max(self.most, self.stage.active())
         return self.stage.step()
-
-    def drop(self, key):
-        self.stage.drop(key)
-
-    def active(self):
-        return self.stage.active()
 
 
 def test_the_scheduler_batches_what_waits_and_answers_each_as_it_ends(model):

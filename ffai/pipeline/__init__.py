@@ -31,6 +31,7 @@ from ffai.pipeline.errors import (
 from ffai.pipeline.messages import CALLER, Message
 from ffai.pipeline.scheduler import (
     ContinuousScheduler,
+    ContinuousWrapper,
     Scheduler,
     SimpleScheduler,
     StreamingScheduler,
@@ -44,6 +45,7 @@ __all__ = [
     "CALLER",
     "ConfigError",
     "ContinuousScheduler",
+    "ContinuousWrapper",
     "Coordinator",
     "Message",
     "PipelineConfig",

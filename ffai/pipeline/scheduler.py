@@ -370,6 +370,30 @@ class ContinuousScheduler(Scheduler):
             self._after()
 
 
+class ContinuousWrapper:
+    """A continuous stage around another, each call passed through: a subclass overrides what it
+    adds around them (timing, streaming)."""
+
+    def __init__(self, stage: Any) -> None:
+        self.stage = stage
+        self.max_active = stage.max_active
+
+    def join(self, request_id: Any, payload: Any) -> Any:
+        return self.stage.join(request_id, payload)
+
+    def step(self) -> list:
+        return self.stage.step()
+
+    def drop(self, request_id: Any) -> None:
+        self.stage.drop(request_id)
+
+    def active(self) -> int:
+        return self.stage.active()
+
+    def __call__(self, payload: Any) -> Any:
+        return self.stage(payload)
+
+
 def is_continuous(stage: Any) -> bool:
     """Whether a factory built a continuous stage (``ffai.pipeline.scheduler.ContinuousScheduler``)."""
     return all(callable(getattr(stage, name, None)) for name in ("join", "step", "drop", "active"))

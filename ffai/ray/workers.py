@@ -23,7 +23,7 @@ from ffai import media
 from ffai.engines.contract import Answer, NoRoomYet, RuntimeOptions, StageSpec
 from ffai.errors import FfaiError
 from ffai.outputs.cues import Cue
-from ffai.pipeline import Coordinator, PipelineConfig, is_continuous
+from ffai.pipeline import ContinuousWrapper, Coordinator, PipelineConfig, is_continuous
 from ffai.pipeline.config import resolve
 from ffai.run.captioner import pipeline_config
 from ffai.run.options import CaptionOptions
@@ -95,12 +95,13 @@ def _clock(name: str, seconds: float, calls: int) -> None:
         clock[1] += calls
 
 
-class _TimedContinuous:
+class _TimedContinuous(ContinuousWrapper):
     """A continuous stage (``ffai.pipeline.scheduler.ContinuousScheduler``) whose joins and steps
     are timed."""
 
     def __init__(self, name: str, stage: Any) -> None:
-        self.name, self.stage, self.max_active = name, stage, stage.max_active
+        super().__init__(stage)
+        self.name = name
 
     def join(self, key: Any, payload: Any) -> Any:
         start, calls = time.perf_counter(), 1
@@ -118,12 +119,6 @@ class _TimedContinuous:
             return self.stage.step()
         finally:
             _clock(self.name, time.perf_counter() - start, 0)
-
-    def drop(self, key: Any) -> None:
-        self.stage.drop(key)
-
-    def active(self) -> int:
-        return self.stage.active()
 
 
 def actor_pipeline(stages: list[StageSpec], model_dir: Path, runtime: RuntimeOptions, cores: int) -> PipelineConfig:

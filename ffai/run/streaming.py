@@ -15,7 +15,7 @@ import time
 from functools import partial
 from typing import Any, Callable
 
-from ffai.pipeline import emit, emitter, is_continuous
+from ffai.pipeline import ContinuousWrapper, emit, emitter, is_continuous
 from ffai.pipeline.config import resolve
 
 # Pieces that come closer together than this go out as one chunk: a reader sees no difference
@@ -62,13 +62,12 @@ def _streaming(stage: Callable[..., Any], payload: Any) -> Any:
     return result
 
 
-class _StreamingContinuous:
+class _StreamingContinuous(ContinuousWrapper):
     """A continuous stage (``ffai.pipeline.scheduler.ContinuousScheduler``) whose windows stream
     their pieces, each through the way its own request emits (captured when it joins)."""
 
     def __init__(self, stage: Any) -> None:
-        self.stage = stage
-        self.max_active = stage.max_active
+        super().__init__(stage)
         self._chunks: dict[Any, _Chunks] = {}
 
     def join(self, key: Any, payload: Any) -> Any:
@@ -91,9 +90,6 @@ class _StreamingContinuous:
     def drop(self, key: Any) -> None:
         self._chunks.pop(key, None)
         self.stage.drop(key)
-
-    def active(self) -> int:
-        return self.stage.active()
 
     def __call__(self, payload: Any) -> Any:
         return _streaming(self.stage, payload)
