@@ -71,3 +71,23 @@ def test_a_program_with_its_own_handler_keeps_it():
             assert signal.getsignal(signal.SIGINT) is own
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def test_a_ctrl_c_inside_a_deferred_step_is_raised_when_the_step_is_whole():
+    done = []
+    with interrupts.caught():
+        with pytest.raises(KeyboardInterrupt):
+            with interrupts.deferred():
+                os.kill(os.getpid(), signal.SIGINT)
+                for _ in range(1000):  # the handler runs between bytecodes: here, and defers
+                    pass
+                done.append("written")
+                done.append("counted")
+        interrupts.check()  # raised once
+    assert done == ["written", "counted"]
+
+
+def test_a_deferred_step_without_a_ctrl_c_raises_nothing():
+    with interrupts.caught():
+        with interrupts.deferred():
+            pass

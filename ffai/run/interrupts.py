@@ -18,12 +18,14 @@ from contextlib import contextmanager
 from typing import Iterator
 
 _pending = False
+_deferring = 0  # depth of ``deferred()`` blocks the main thread is in
 
 
 def _on_sigint(signum: int, frame: object) -> None:
     global _pending
     _pending = True
-    raise KeyboardInterrupt
+    if not _deferring:
+        raise KeyboardInterrupt
 
 
 @contextmanager
@@ -59,3 +61,21 @@ def check() -> None:
     if _pending:
         _pending = False
         raise KeyboardInterrupt
+
+
+@contextmanager
+def deferred() -> Iterator[None]:
+    """While ``caught()`` is active, a SIGINT inside the block is raised at its end: a step
+    that must not be cut in half (a cue written to its file and counted in the run's record)
+    happens whole or not at all. Main thread only; elsewhere SIGINT never lands anyway."""
+    global _deferring
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _deferring += 1
+    try:
+        yield
+    finally:
+        _deferring -= 1
+    if not _deferring:
+        check()

@@ -395,12 +395,13 @@ class _Driver:
         if writer is None:  # its output failed: the rest of its cues have nowhere to go
             return
         try:
-            writer.write(event.cue)
+            with interrupts.deferred():  # Ctrl-C between the two would leave the record a cue short
+                writer.write(event.cue)
+                self.cues[i] += 1
         except FfaiError as e:
             self._abort(i)
             self.broken[i] = e
             return
-        self.cues[i] += 1
         self.jobs[i].overwrite = True  # the file is now this run's: a retry replaces it
         self._progress("cue", event.cue)
 
