@@ -132,14 +132,17 @@ def vfr_times_ms(gaps_ms: Sequence[int] = VFR_GAPS_MS) -> list[int]:
     return times
 
 
-def make_vfr_clip(path: str | Path, gaps_ms: Sequence[int] = VFR_GAPS_MS, size: tuple[int, int] = (64, 48)) -> Path:
+def make_vfr_clip(
+    path: str | Path, gaps_ms: Sequence[int] = VFR_GAPS_MS, size: tuple[int, int] = (64, 48), b_frames: int = 0
+) -> Path:
     """A variable-frame-rate clip: pts set by hand (millisecond time base) with irregular gaps.
 
-    No B-frames: with them libx264 invents decode timestamps for the irregular gaps and mp4
-    then records a duration shorter than the last frame's time.
+    No B-frames by default: with them libx264 invents decode timestamps for the irregular gaps
+    and mp4 then records a duration shorter than the last frame's time (Matroska does not).
     """
     times, codec = vfr_times_ms(gaps_ms), video_encoder()
-    return _encode(Path(path), times, Fraction(1, 1000), size, codec, "yuv420p", Fraction(25), options={"bf": "0"})
+    options = {"bf": str(b_frames)}
+    return _encode(Path(path), times, Fraction(1, 1000), size, codec, "yuv420p", Fraction(25), options=options)
 
 
 def make_odd_size_clip(path: str | Path, seconds: float = 1.0, size: tuple[int, int] = (641, 359)) -> Path:

@@ -179,8 +179,9 @@ def test_sampling_is_lazy(tmp_path, monkeypatch):
     first, second = next(frames), next(frames)
     assert (first.time, second.time) == (0.0, 1.0)
     frames.close()
-    # The second sample needs frame 25; decoder delay adds a few more, never the other 475.
-    assert 26 <= decoded[0] <= 40
+    # The second sample is frame 25: at most it and those before it (fewer: frames no sample
+    # takes are dropped), plus the decoder's delay; never the other 475.
+    assert 2 <= decoded[0] <= 40
 
 
 def test_bad_sampling_arguments_are_refused_up_front(clips):

@@ -15,7 +15,14 @@ from PIL import Image
 from ffai.errors import MediaError
 from ffai.media.sources import TIME_EPS, Frame, MediaInfo
 from ffai.media.stills import animation, is_animated, load_image, open_still, still_info
-from ffai.media.video import open_video, positioned, probe_video, time_origin, to_image
+from ffai.media.video import (
+    open_video,
+    positioned,
+    probe_video,
+    stores_presentation_times,
+    time_origin,
+    to_image,
+)
 
 
 def probe(file: Path) -> MediaInfo:
@@ -28,10 +35,19 @@ def probe(file: Path) -> MediaInfo:
     return probe_video(file)
 
 
-def sample(file: Path, fps: float, start: float, duration: float | None, max_frames: int | None) -> Iterator[Frame]:
+def sample(
+    file: Path,
+    fps: float,
+    start: float,
+    duration: float | None,
+    max_frames: int | None,
+    skip_unsampled: bool = True,
+) -> Iterator[Frame]:
     """Frames of `file` sampled at `fps` on presentation timestamps (the rule above), decoded
     as the iterator is consumed; the file is closed when it is exhausted or closed. An image
-    gives one frame at time 0.0."""
+    gives one frame at time 0.0. ``skip_unsampled``: where the file stores presentation
+    times, a video's frames no sample takes and no other frame references are not decoded
+    (``Unsampled``); the samples are the same."""
     with open_still(file) as image:
         if image is not None and is_animated(file, image):
             yield from pick(animation(file, image), fps, start, duration, max_frames)
@@ -42,9 +58,41 @@ def sample(file: Path, fps: float, start: float, duration: float | None, max_fra
             yield Frame(0.0, load_image(file))
         return
     with open_video(file) as (container, stream):
-        yield from pick(
-            positioned(file, container, stream, start, time_origin(stream)), fps, start, duration, max_frames
-        )
+        unwanted = Unsampled(fps, start) if skip_unsampled and stores_presentation_times(container) else None
+        frames = positioned(file, container, stream, start, time_origin(stream), unwanted)
+        yield from pick(frames, fps, start, duration, max_frames)
+
+
+class Unsampled:
+    """Which frames the rule above will not take, told by their times as packets arrive in
+    decode order: the rule takes, of each sampling period at or after `start`, only the
+    earliest frame, so a frame whose period already holds an earlier one is not a sample
+    (``video.decode`` drops such a frame when nothing references it). The earlier frame is
+    real and comes out first, so the earliest of each period is never dropped and the samples
+    are the same frames. Only the last ``KEPT_PERIODS`` periods are remembered: one forgotten
+    only makes its frames count as wanted."""
+
+    KEPT_PERIODS = 64  # far beyond any decoder's reordering delay, at any --fps
+
+    def __init__(self, fps: float, start: float) -> None:
+        self.fps, self.start = fps, start
+        self.earliest: dict[int, float] = {}  # sampling period -> the earliest time seen in it
+
+    def __call__(self, time: float) -> bool:
+        position = (time - self.start + TIME_EPS) * self.fps  # as ``pick`` places it
+        if position < 0:  # before start: a seek's landing is judged by these
+            return False
+        period = math.floor(position)
+        earliest = self.earliest.get(period)
+        if earliest is not None and earliest < time:
+            return True
+        if earliest is None:
+            self.earliest[period] = time
+            if len(self.earliest) > self.KEPT_PERIODS:
+                del self.earliest[min(self.earliest)]
+        else:
+            self.earliest[period] = min(earliest, time)
+        return False
 
 
 def pick(

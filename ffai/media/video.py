@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from fractions import Fraction
 from pathlib import Path
@@ -97,6 +97,17 @@ def probe_video(file: Path) -> MediaInfo:
         return MediaInfo(file, "video", width, height, _duration(container, stream))
 
 
+# Demuxers whose packets carry the presentation times stored in the file (FFmpeg's names).
+# Others (AVI, raw streams) get times FFmpeg guesses in decode order, which name no frame
+# until the decoder has reordered them.
+_STORED_PTS = ("mov,mp4,m4a,3gp,3g2,mj2", "matroska,webm", "mpegts", "mpeg", "flv", "nut")
+
+
+def stores_presentation_times(container: av.container.InputContainer) -> bool:
+    """True when the packets of `container` come with the presentation times the file stores."""
+    return container.format.name in _STORED_PTS
+
+
 def time_origin(stream: av.video.stream.VideoStream) -> int:
     """The pts (stream time base) that maps to time 0.0."""
     return stream.start_time if stream.start_time is not None else 0
@@ -165,14 +176,28 @@ def _frame_time(pts: int | None, stream: av.video.stream.VideoStream, origin: in
 
 
 def decode(
-    file: Path, container: av.container.InputContainer, stream: av.video.stream.VideoStream, origin: int
+    file: Path,
+    container: av.container.InputContainer,
+    stream: av.video.stream.VideoStream,
+    origin: int,
+    unwanted: Callable[[float], bool] | None = None,
 ) -> Iterator[tuple[float, av.VideoFrame]]:
     """(time, frame) for every frame decoded from the container's current position, in
     presentation order, timed by best-effort pts. A packet the decoder rejects is skipped (as
-    ffmpeg does); a read error from the demuxer is a MediaError."""
+    ffmpeg does); a read error from the demuxer is a MediaError.
+
+    ``unwanted(time)`` names, by a packet's own pts, frames the caller will not take: those the
+    decoder can drop without decoding (nothing references them: FFmpeg's ``skip_frame``
+    NONREF) are not decoded, so they never come out. A caller may name a frame only when the
+    frame it takes instead comes out before it. Skipping ends for good at the first sign that
+    packet times do not name output frames (a frame without pts, times out of order, a packet
+    rejected), so a damaged stream is decoded whole from there."""
     skipped = 0
     time: float | None = None
     best_effort = _BestEffortPts()
+    context = stream.codec_context
+    context.skip_frame = "DEFAULT"  # a decode before this one (a seek's try) may have left it set
+    dropping = False
     packets = container.demux(stream)
     try:
         while True:
@@ -182,16 +207,29 @@ def decode(
                 return
             except av.FFmpegError as e:
                 raise MediaError(f"{file}: read error after {time or 0.0:.3f} s: {reason(e)}") from e
+            drop = (
+                unwanted is not None
+                and packet.pts is not None
+                and unwanted(float((packet.pts - origin) * stream.time_base))
+            )
+            if drop != dropping:
+                context.skip_frame = "NONREF" if drop else "DEFAULT"
+                dropping = drop
             try:
                 frames = packet.decode()
             except av.FFmpegError:
                 skipped += 1
+                unwanted = None
                 continue
             for frame in frames:
-                time = _frame_time(best_effort(frame.pts, frame.dts), stream, origin, time)
+                pts = best_effort(frame.pts, frame.dts)
+                previous, time = time, _frame_time(pts, stream, origin, time)
+                if frame.pts is None or pts != frame.pts or (previous is not None and time <= previous):
+                    unwanted = None
                 yield time, frame
     finally:
         packets.close()
+        context.skip_frame = "DEFAULT"
         if skipped:
             log.warning("%s: skipped %d video packet(s) that failed to decode", file, skipped)
 
@@ -223,15 +261,17 @@ def positioned(
     stream: av.video.stream.VideoStream,
     start: float,
     origin: int,
+    unwanted: Callable[[float], bool] | None = None,
 ) -> Iterator[tuple[float, av.VideoFrame]]:
-    """Decoded frames from a keyframe at or before `start` onwards.
+    """Decoded frames from a keyframe at or before `start` onwards (``unwanted``: ``decode``'s;
+    it must never name a frame before `start`, by which a landing is judged).
 
     Demuxers seek on decode timestamps or by bisection (MPEG-TS), so a seek can land on a
     keyframe shown after `start`; then this seeks again further back (`_seek_targets`) until
     the first frame is at or before `start`.
     """
     if start <= TIME_EPS:
-        yield from decode(file, container, stream, origin)
+        yield from decode(file, container, stream, origin, unwanted)
         return
     lowest: int | None = None  # the earliest pts a seek succeeded at
     for target in _seek_targets(start):
@@ -239,7 +279,7 @@ def positioned(
         if not _seek(container, stream, pts):
             continue
         lowest = pts
-        frames = decode(file, container, stream, origin)
+        frames = decode(file, container, stream, origin, unwanted)
         first = next(frames, None)
         if first is not None and first[0] <= start + TIME_EPS:
             yield first
@@ -250,4 +290,4 @@ def positioned(
     # landing; with no successful seek at all, nothing was read and this is the beginning.
     if lowest is not None:
         _seek(container, stream, lowest)
-    yield from decode(file, container, stream, origin)
+    yield from decode(file, container, stream, origin, unwanted)
