@@ -25,13 +25,23 @@ CLIPS = {
     "h264-b-frames.mp4": _h264,
     "h264-b-frames.ts": _h264,
     "h264-b-frames.avi": _h264,  # AVI stores no pts: FFmpeg's guesses arrive shuffled
+    # Open GOPs: frames after a keyframe in decode order that are shown before it (leading
+    # pictures) reference the GOP before; x264's recovery points and x265's CRA pictures.
+    "h264-open-gop.mkv": lambda path: make_clip(
+        path,
+        4.0,
+        FPS,
+        (96, 64),
+        codec="libx264",
+        options={"bf": "3", "x264-params": "open-gop=1:keyint=25:min-keyint=25"},
+    ),
     "hevc.mkv": lambda path: make_clip(
         path,
         4.0,
         FPS,
         (96, 64),
         codec="libx265",
-        options={"preset": "ultrafast", "x265-params": "log-level=error:bframes=4"},
+        options={"preset": "ultrafast", "x265-params": "log-level=error:bframes=4:keyint=25:min-keyint=25:open-gop=1"},
     ),
     # lag-in-frames lets libvpx code hidden alt-ref frames, which the decoder must still read.
     "vp9.webm": lambda path: make_clip(
@@ -106,6 +116,17 @@ def test_a_file_without_presentation_times_is_decoded_whole(clips, name, decoded
     # AVI's packet times are FFmpeg's guesses in decode order: they cannot tell what to drop.
     _samples(clips[name], 2, 0.0, skip=True)
     assert decoded[0] == 4 * FPS
+
+
+@pytest.mark.parametrize("name", ["h264-open-gop.mkv", "hevc.mkv", "vp9.webm"])
+def test_a_run_up_to_the_next_keyframe_is_not_even_sent_to_the_decoder(clips, name, decoded):
+    # A keyframe every second, a sample every two: of each two GOPs only the first frames of
+    # one are needed; the rest, reference frames included, is never decoded.
+    if name not in clips:
+        pytest.skip(f"this PyAV build cannot write {name}")
+    samples = _samples(clips[name], 0.5, 0.0, skip=True)
+    assert len(samples) == 2
+    assert decoded[0] < 0.4 * 4 * FPS
 
 
 def test_at_the_source_rate_every_frame_is_still_decoded(clips, decoded):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from fractions import Fraction
@@ -175,6 +176,87 @@ def _frame_time(pts: int | None, stream: av.video.stream.VideoStream, origin: in
     return 0.0 if previous is None else previous + float(1 / rate)
 
 
+class _Packets:
+    """A stream's packets in decode order, with room to look ahead: packets read ahead and
+    handed back come out again first."""
+
+    def __init__(self, file: Path, container: av.container.InputContainer, stream: av.video.stream.VideoStream):
+        self.file = file
+        self.demux = container.demux(stream)
+        self.ahead: deque[av.Packet] = deque()
+        self.read_until = 0.0  # the latest time read, for the message of a read error
+
+    def next(self) -> av.Packet | None:
+        if self.ahead:
+            return self.ahead.popleft()
+        try:
+            return next(self.demux)
+        except StopIteration:
+            return None
+        except av.FFmpegError as e:
+            raise MediaError(f"{self.file}: read error after {self.read_until:.3f} s: {reason(e)}") from e
+
+    def hand_back(self, packets: list[av.Packet]) -> None:
+        self.ahead.extendleft(reversed(packets))
+
+    def close(self) -> None:
+        self.demux.close()
+
+
+# How far to read ahead for the next keyframe: a GOP's compressed packets.
+_LOOKAHEAD_PACKETS = 600
+_LOOKAHEAD_BYTES = 16 * 2**20
+
+
+def _skip_to_keyframe(packets: _Packets, first: av.Packet, unwanted: Callable[[av.Packet], bool]) -> bool:
+    """Drop the run of packets from `first` (unwanted, not a keyframe) to the next keyframe when
+    every frame in it is unwanted: decoding restarts at the keyframe, as after a seek, so nothing
+    after it needs the run. The keyframe's leading pictures (after it in decode order, before it
+    in time: an open GOP's) would miss their references; they are dropped too, and must be
+    unwanted as well. Otherwise what was read after `first` is handed back and False returned."""
+    held: list[av.Packet] = []
+    size = first.size
+    while len(held) < _LOOKAHEAD_PACKETS and size < _LOOKAHEAD_BYTES:
+        packet = packets.next()
+        if packet is None:
+            break
+        held.append(packet)
+        size += packet.size
+        if packet.pts is None:
+            break
+        if packet.is_keyframe:
+            return _drop_before(packets, held, unwanted)
+        if not unwanted(packet):
+            break
+    packets.hand_back(held)
+    return False
+
+
+def _drop_before(packets: _Packets, held: list[av.Packet], unwanted: Callable[[av.Packet], bool]) -> bool:
+    """``held`` ends at a keyframe: read its leading pictures; when all are unwanted, drop them
+    and the run before the keyframe (the keyframe and what follows are handed back); else hand
+    back everything read."""
+    key = held[-1]
+    leading = []
+    while (packet := packets.next()) is not None:
+        if packet.pts is None or packet.pts > key.pts or not unwanted(packet):
+            break
+        leading.append(packet)
+    rest = [] if packet is None else [packet]
+    if packet is not None and (packet.pts is None or packet.pts < key.pts):  # a wanted leading picture
+        packets.hand_back([*held, *leading, *rest])
+        return False
+    packets.hand_back([key, *rest])
+    return True
+
+
+def _drained(context: av.codec.context.CodecContext) -> list[av.VideoFrame]:
+    """The frames `context` holds back (reordering), and the decoder reset for a new start."""
+    frames = context.decode(None)
+    context.flush_buffers()
+    return frames
+
+
 def decode(
     file: Path,
     container: av.container.InputContainer,
@@ -188,35 +270,44 @@ def decode(
 
     ``unwanted(time)`` names, by a packet's own pts, frames the caller will not take: those the
     decoder can drop without decoding (nothing references them: FFmpeg's ``skip_frame``
-    NONREF) are not decoded, so they never come out. A caller may name a frame only when the
-    frame it takes instead comes out before it. Skipping ends for good at the first sign that
-    packet times do not name output frames (a frame without pts, times out of order, a packet
-    rejected), so a damaged stream is decoded whole from there."""
+    NONREF) are not decoded, so they never come out; and when every frame from one up to the
+    next keyframe is unwanted, that run is not even sent to the decoder (``_skip_to_keyframe``).
+    A caller may name a frame only when the frame it takes instead comes out before it.
+    Skipping ends for good at the first sign that packet times do not name output frames (a
+    frame without pts, times out of order, a packet rejected), so a damaged stream is decoded
+    whole from there."""
     skipped = 0
     time: float | None = None
     best_effort = _BestEffortPts()
     context = stream.codec_context
     context.skip_frame = "DEFAULT"  # a decode before this one (a seek's try) may have left it set
     dropping = False
-    packets = container.demux(stream)
+    packets = _Packets(file, container, stream)
+    looked_at = 0  # packets to come that a look-ahead read and handed back: not looked ahead from again
+
+    def packet_unwanted(packet: av.Packet) -> bool:
+        return (
+            unwanted is not None
+            and packet.pts is not None
+            and unwanted(float((packet.pts - origin) * stream.time_base))
+        )
+
     try:
-        while True:
-            try:
-                packet = next(packets)
-            except StopIteration:
-                return
-            except av.FFmpegError as e:
-                raise MediaError(f"{file}: read error after {time or 0.0:.3f} s: {reason(e)}") from e
-            drop = (
-                unwanted is not None
-                and packet.pts is not None
-                and unwanted(float((packet.pts - origin) * stream.time_base))
-            )
-            if drop != dropping:
+        while (packet := packets.next()) is not None:
+            drop = packet_unwanted(packet)
+            restart = False  # the run up to the next keyframe is dropped: decoding restarts there
+            if looked_at:
+                looked_at -= 1
+            elif drop and not packet.is_keyframe:
+                restart = _skip_to_keyframe(packets, packet, packet_unwanted)
+                looked_at = 0 if restart else len(packets.ahead)
+            if drop != dropping and not restart:
                 context.skip_frame = "NONREF" if drop else "DEFAULT"
                 dropping = drop
             try:
-                frames = packet.decode()
+                # As after a seek: the frames the decoder still holds come out, then it starts
+                # afresh at the keyframe (it would otherwise wait for the dropped frames).
+                frames = _drained(context) if restart else packet.decode()
             except av.FFmpegError:
                 skipped += 1
                 unwanted = None
@@ -224,6 +315,7 @@ def decode(
             for frame in frames:
                 pts = best_effort(frame.pts, frame.dts)
                 previous, time = time, _frame_time(pts, stream, origin, time)
+                packets.read_until = time
                 if frame.pts is None or pts != frame.pts or (previous is not None and time <= previous):
                     unwanted = None
                 yield time, frame
