@@ -61,6 +61,40 @@ def test_schedule_alternates_the_arms_abba():
     batched = [arm for _, _, arm in gates.schedule(["frame", "clip"], 2, frozenset({"clip"}))]
     assert batched[:4] == ["ffai", "reference", "reference", "ffai"]
     assert batched[4:] == ["ffai", "reference", gates.BATCHED, gates.BATCHED, "reference", "ffai"]
+    # --busy: ffai beside busy programs, in every case's turns.
+    busy = [arm for _, _, arm in gates.schedule(["frame"], 2, busy=True)]
+    assert busy == ["ffai", "reference", gates.BUSY, gates.BUSY, "reference", "ffai"]
+
+
+def test_busy_runs_are_summarised_against_the_quiet_ones():
+    def busy(time_s: float, cores: int) -> dict:
+        return {**run("ffai", time_s, {"f": [1]}), "busy_loops": 1, "cores": cores}
+
+    quiet = [run("ffai", 1.0, {"f": [1]}), run("ffai", 1.2, {"f": [1]})]
+    runs = {"ffai": quiet, "reference": [run("reference", 2.0, {"f": [1]})], gates.BUSY: [busy(2.1, 2), busy(2.5, 2)]}
+    record = gates.summarize_case("frame", runs, "float32")
+    assert record["busy"]["loops"] == 1 and record["busy"]["median_s"] == pytest.approx(2.3)
+    assert record["busy_ratio"] == pytest.approx(2.3 / 1.1, abs=1e-3) and record["busy_target"] == 2.2
+    assert record["busy_target_met"] is True
+    runs[gates.BUSY] = [busy(2.6, 2)]
+    assert gates.summarize_case("frame", runs, "float32")["busy_target_met"] is False
+    runs[gates.BUSY] = [busy(2.6, 4)]  # the target is for one busy program on 2 cores
+    assert gates.summarize_case("frame", runs, "float32")["busy_target"] is None
+    assert "busy" not in gates.summarize_case("frame", {k: v for k, v in runs.items() if k != gates.BUSY}, "float32")
+
+
+def test_busy_programs_keep_a_core_busy_and_end_with_the_block():
+    import os
+    import time
+
+    from ffai.bench.cli import busy_programs
+
+    before = os.times()
+    with busy_programs(1):
+        time.sleep(0.5)
+    spent = os.times()
+    # The loop ran as a child (its CPU time counted once it was waited for), and is gone.
+    assert spent.children_user - before.children_user > 0.1
 
 
 def test_merge_inputs_left_pads_the_tokens_and_zero_fills_missing_pictures():
@@ -525,6 +559,8 @@ def test_bench_on_the_tiny_checkpoint(tiny_checkpoint, tmp_path):
         "1",
         "--cores",
         "1",
+        "--busy",
+        "1",
         "--json",
         "--no-fail",
         "--ledger",
@@ -549,6 +585,11 @@ def test_bench_on_the_tiny_checkpoint(tiny_checkpoint, tmp_path):
     assert speeds["items_per_s"] == pytest.approx(6 / clip["ffai"]["median_s"], 1e-2)
     assert frame["throughput"]["ffai"]["realtime"] is None
     assert "vs batched ref" in proc.stderr and "RTF" in proc.stderr
+    # --busy 1: ffai once more per case beside a busy program (no target but on 2 cores).
+    assert report["busy"] == 1 and "busy / quiet" in proc.stderr
+    for record in (frame, clip):
+        assert record["busy"]["loops"] == 1 and record["busy"]["cores"] == 1 and record["busy"]["median_s"] > 0
+        assert record["busy_ratio"] > 0 and record["busy_target"] is None
     for record in (frame, clip):
         assert record["tokens"]["equal"] and not record["ffai_imports_transformers"]
         for arm in ("ffai", "reference"):
@@ -571,6 +612,7 @@ def test_bench_on_the_tiny_checkpoint(tiny_checkpoint, tmp_path):
     assert line["versions"]["torch"] and line["cores"] == 1
     assert line["cpu"] == report["cpu"] and line["cases"]["frame"]["precision"] == frame["precision"]
     assert line["load_average"] == report["load_average"] and report["load_average"]["start"] >= 0
+    assert line["busy"] == 1
 
 
 @pytest.mark.slow

@@ -142,3 +142,34 @@ def test_peak_rss_of_a_process_tree() -> None:
     done, peak, seconds = host.run_measured([sys.executable, "-c", code])
     assert done.returncode == 0 and seconds > 0.5
     assert peak > 64 << 20  # the child's buffer counts: the tree, not the parent alone
+
+
+def test_share_cores_makes_openmp_threads_sleep_unless_the_user_chose(monkeypatch) -> None:
+    for knob in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME"):
+        monkeypatch.delenv(knob, raising=False)
+    host.share_cores()
+    assert host.os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+    monkeypatch.delenv("OMP_WAIT_POLICY")
+    monkeypatch.setenv("GOMP_SPINCOUNT", "10000")  # the user's own choice stays alone
+    host.share_cores()
+    assert "OMP_WAIT_POLICY" not in host.os.environ
+
+
+_OPENMP_POLICY = """
+import os, sys
+from ffai.cli import root
+sys.argv = ["ffai", "engines"]
+try:
+    root.main()
+except SystemExit:
+    pass
+print(os.environ.get("OMP_WAIT_POLICY"))
+"""
+
+
+def test_the_ffai_command_sets_the_policy_for_itself_and_what_it_starts() -> None:
+    # main() sets it first thing; importing the CLI imports no torch (test_imports), so libgomp
+    # reads it when torch loads, and child processes inherit the environment.
+    env = {k: v for k, v in host.os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")}
+    out = subprocess.run([sys.executable, "-c", _OPENMP_POLICY], capture_output=True, text=True, env=env, check=True)
+    assert out.stdout.split()[-1] == "PASSIVE"

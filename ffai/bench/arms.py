@@ -34,6 +34,7 @@ from ffai.bench import cases, gates
 from ffai.bench.cases import Item, QualityItem
 from ffai.engines.contract import DTYPES, DecodingOptions, RuntimeOptions
 from ffai.errors import FfaiError
+from ffai.kit import host
 from ffai.run.captioner import Captioner, available_cores
 from ffai.run.options import CaptionOptions
 
@@ -267,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compile", action="store_true", help="ffai's opt-in dtype with its compiled parts")
     parser.add_argument("--batch", type=int, default=1, help="windows ffai's text stage decodes together")
     args = parser.parse_args(argv)
+    if args.arm == FfaiArm.name:
+        host.share_cores()  # as `ffai` runs; the reference runs as its users run it
     return print_result(
         lambda: run(
             args.arm,

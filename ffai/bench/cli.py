@@ -1,8 +1,8 @@
 """`ffai bench vlm`: ffai's engine against its reference implementation, four gates, one ledger line.
 
     ffai bench vlm [--engine NAME] [--model NAME|PATH] [--cases frame,still,window,clip] [--repeats N]
-                   [--dtype float32|bfloat16|int8] [--compile] [--batch B|auto] [--quality-corpus DIR] [--json]
-                   [--ledger FILE]
+                   [--dtype float32|bfloat16|int8] [--compile] [--batch B|auto] [--busy N]
+                   [--quality-corpus DIR] [--json] [--ledger FILE]
 
 How a run goes (choices documented here, in one place):
 
@@ -45,6 +45,10 @@ How a run goes (choices documented here, in one place):
   reads it (auto: 4 on a CPU). Above 1, the clip case runs a third arm, ``reference-batched``
   (the reference's ``clip_batched``: B windows a ``generate``, left-padded), in the same ABBA
   turns; its speed-up is reported beside the per-window one, never gated.
+- ``--busy N``: every case also runs ffai's arm with N busy programs beside it (a Python loop
+  each, started before the arm's process and stopped after it), in the same ABBA turns: how ffai
+  shares the cores with a machine's other work. Its time against ffai's quiet time is reported
+  (target: at most 2.2x with one busy program on 2 cores), never gated.
 - Output: a rich table on stderr, the report as JSON on stdout with ``--json``, one line
   appended to the ledger (``--ledger FILE``, default ``$FFAI_HOME/bench/ledger.jsonl``).
 - Exit status: 0 when no gate FAILed (SKIP is not a failure, and not a pass), 1 when any did —
@@ -56,9 +60,10 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Annotated, Callable, Optional
+from typing import Annotated, Callable, Iterator, Optional
 
 import typer
 
@@ -85,6 +90,7 @@ class BenchOptions:
     cores: int | None = None
     compile: bool = False
     batch: int = 1
+    busy: int = 0
 
     def __post_init__(self) -> None:
         if self.repeats < 1:
@@ -101,6 +107,8 @@ class BenchOptions:
             raise UsageError("--quality-n must be at least 1")
         if self.cores is not None and self.cores < 1:
             raise UsageError("--cores must be at least 1")
+        if self.busy < 0:
+            raise UsageError("--busy must be 0 or more")
         if self.quality_corpus is not None and not (self.quality_corpus / inputs.CORPUS_QUESTIONS).is_file():
             raise UsageError(f"--quality-corpus {self.quality_corpus}: no {inputs.CORPUS_QUESTIONS} in this folder")
 
@@ -116,11 +124,31 @@ def parse_cases(text: str) -> tuple[str, ...]:
     return tuple(c.strip() for c in text.split(",") if c.strip())
 
 
+@contextmanager
+def busy_programs(n: int) -> Iterator[None]:
+    """``n`` programs that keep a core each busy (a Python loop in a process of its own), as a
+    browser or a build beside ffai would, for the length of the block."""
+    import subprocess
+
+    loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        yield
+    finally:
+        for loop in loops:
+            loop.kill()
+            loop.wait()
+
+
 def run_arm(arm: str, case: str, model_dir: Path, options: BenchOptions, cores: int, **paths: Path | None) -> dict:
-    """One arm on one case in a fresh process; its JSON result plus the process tree's peak RSS."""
+    """One arm on one case in a fresh process; its JSON result plus the process tree's peak RSS.
+    ``gates.BUSY`` is ffai's arm with ``options.busy`` busy programs beside it."""
     from ffai.bench import arms
     from ffai.kit.host import run_measured
 
+    if arm == gates.BUSY:
+        with busy_programs(options.busy):
+            result = run_arm(gates.ARMS[0], case, model_dir, options, cores, **paths)
+        return {**result, "busy_loops": options.busy, "cores": cores}
     cmd = arms.command(
         arm,
         case,
@@ -188,7 +216,7 @@ def run_bench(options: BenchOptions, log: Callable[[str], None] = lambda message
         else frozenset()
     )
     runs: dict[str, dict[str, list[dict]]] = {
-        case: {arm: [] for arm in (*gates.ARMS, gates.BATCHED)} for case in options.cases
+        case: {arm: [] for arm in (*gates.ARMS, gates.BATCHED, gates.BUSY)} for case in options.cases
     }
     precision: dict[str, dict] = {}
     first_load = None
@@ -201,7 +229,7 @@ def run_bench(options: BenchOptions, log: Callable[[str], None] = lambda message
         log(f"ffai's first load, untimed (its compiled parts built or read): {first_load['wall_s']:.1f} s")
     with tempfile.TemporaryDirectory(prefix="ffai-bench-") as tmp:
         clip = inputs.write_clip(Path(tmp) / "clip.mp4") if "clip" in options.cases else None
-        for case, r, arm in gates.schedule(list(options.cases), options.repeats, batched):
+        for case, r, arm in gates.schedule(list(options.cases), options.repeats, batched, options.busy > 0):
             result = run_arm(arm, case, model_dir, options, cores, clip=clip if case == "clip" else None)
             log(
                 f"{case} {r + 1}/{options.repeats} {arm}: {result['time_s']:.2f} s, "
@@ -234,6 +262,7 @@ def run_bench(options: BenchOptions, log: Callable[[str], None] = lambda message
         "dtype": options.dtype,
         "compile": options.compile,
         "batch": options.batch,
+        "busy": options.busy,
         "first_load_s": None if first_load is None else first_load["wall_s"],
         "repeats": options.repeats,
         "cores": cores,
@@ -354,9 +383,12 @@ def render_throughput(report: dict, console) -> None:
             else ""
         ),
     )
+    busy = [r for r in records if "busy" in r]
     columns = ["case", "ffai items/s", "ref items/s", "ffai RTF", "ref RTF"]
     if batched:
         columns += ["batched ref s", "vs batched ref", "batched ref tokens"]
+    if busy:
+        columns += [f"ffai s, {busy[0]['busy']['loops']} busy", "busy / quiet"]
     for column in columns:
         table.add_column(column, justify="left" if column in ("case", "batched ref tokens") else "right")
     for r in records:
@@ -374,6 +406,8 @@ def render_throughput(report: dict, console) -> None:
                 ]
             else:
                 row += ["–", "–", "–"]
+        if busy:
+            row += [_times(r["busy"]), f"{r['busy_ratio']:.2f}x{_mark(r['busy_target_met'])}"]
         table.add_row(*row)
     console.print(table)
 
@@ -462,6 +496,10 @@ def vlm(
         str,
         typer.Option("--batch", help="Windows ffai's text stage decodes together, as `ffai caption --batch` reads it."),
     ] = "auto",
+    busy: Annotated[
+        int,
+        typer.Option("--busy", help="Also time ffai with this many busy programs beside it, each keeping a core busy."),
+    ] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON on stdout.")] = False,
     ledger_path: Annotated[
         Optional[Path],
@@ -484,6 +522,7 @@ def vlm(
         cores=cores,
         compile=compile_,
         batch=parse_batch(batch, compile_),
+        busy=busy,
     )
 
     def log(message: str) -> None:

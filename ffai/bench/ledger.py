@@ -120,6 +120,7 @@ def ledger_line(report: dict) -> dict:
         "dtype": report["dtype"],
         "compile": report.get("compile", False),
         "batch": report.get("batch", 1),
+        "busy": report.get("busy", 0),
         "repeats": report["repeats"],
         "cases": cases,
         "quality": quality,

@@ -18,6 +18,7 @@ from ffai.cli.models import models_app
 from ffai.cli.options import Quiet, Verbose
 from ffai.cli.sheet import sheet
 from ffai.errors import FfaiError
+from ffai.kit import host
 from ffai.run import interrupts
 
 try:  # typer >= 0.22 carries its own copy of click
@@ -67,6 +68,7 @@ INTERRUPTED = 130  # the shell's code for a process ended by SIGINT
 
 
 def main(argv: Optional[List[str]] = None) -> None:
+    host.share_cores()  # before anything imports torch, and inherited by the processes ffai starts
     sys.exit(run(argv))
 
 

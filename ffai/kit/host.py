@@ -3,7 +3,7 @@ the resident memory of a process tree.
 
 Everything a process asks of its host or sets on it lives here, so engines and the pipeline
 share one copy: the CPU's model and flags (read once from /proc/cpuinfo), the thread count a
-pipeline process runs with, a malloc arena per compute thread, the heap's free pages handed back
+pipeline process runs with and how its OpenMP threads wait, a malloc arena per compute thread, the heap's free pages handed back
 after each stage, glibc's heap settings around a load that reads its weights through buffers,
 the memory still free, and the peak RSS the bench and the memory benchmark sample. Why each setting is what it is,
 with the figures behind it: docs/precision-and-speed.md, docs/how-it-works.md and docs/benchmarks.md.
@@ -140,11 +140,26 @@ def set_threads(threads: int) -> None:
     them). The pipeline calls it once per process, before any stage touches torch; which thread
     then runs the work is ``ffai.pipeline.compute``'s."""
     cap_malloc_arenas(threads + 1)
+    share_cores()
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = str(threads)
     import torch  # only processes that ask for a thread count pay for the import here
 
     torch.set_num_threads(threads)
+
+
+# OpenMP's threads (torch's, and inductor's compiled code) spin at a barrier before they sleep:
+# alone on its cores that saves a wake-up, but beside another busy program a spinning thread burns
+# the slice its descheduled peer needs (docs/precision-and-speed.md, "Cores shared").
+OPENMP_WAIT = {"OMP_WAIT_POLICY": "PASSIVE"}
+_OPENMP_WAIT_KNOBS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
+
+
+def share_cores() -> None:
+    """Set OpenMP's wait policy for this process and the ones it starts (``OPENMP_WAIT``),
+    unless the user chose one. OpenMP reads it when torch loads it: call before importing torch."""
+    if not any(knob in os.environ for knob in _OPENMP_WAIT_KNOBS):
+        os.environ.update(OPENMP_WAIT)
 
 
 # --- glibc's malloc --------------------------------------------------------------------------
