@@ -5,7 +5,9 @@ runs a case. The editable install every other test runs on would hide a package 
 
 The wheel is installed with ``pip install --no-deps --target`` and run from a folder with no
 checkout beside it, with this environment's site-packages (torch, transformers) after it on the
-path; the checkout's own folder is never on it.
+path; the checkout's own folder is never on it. And once as the README installs it to run ffai
+alone: a virtual environment of its own, torch's CPU wheel, then the wheel with the dependencies
+it declares, nothing of this environment's (what it uses but does not declare fails there).
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory) -> dict[str, str]:
-    """The environment of a process that runs the built wheel, installed away from the checkout."""
+def wheel(tmp_path_factory) -> Path:
+    """The wheel pip builds from the checkout's tracked and untracked-but-not-ignored files."""
     work = tmp_path_factory.mktemp("wheel")
     source = work / "src"
     tracked = subprocess.run(
@@ -38,7 +40,14 @@ def installed(tmp_path_factory) -> dict[str, str]:
             shutil.copy2(path, source / name.decode())
     build = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(work)]
     subprocess.run([*build, str(source)], check=True, capture_output=True, timeout=600)
-    (wheel,) = work.glob("ffai-*.whl")
+    (built,) = work.glob("ffai-*.whl")
+    return built
+
+
+@pytest.fixture(scope="module")
+def installed(wheel, tmp_path_factory) -> dict[str, str]:
+    """The environment of a process that runs the built wheel, installed away from the checkout."""
+    work = tmp_path_factory.mktemp("installed")
     site = work / "site"
     install = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)]
     subprocess.run(install, check=True, capture_output=True, timeout=600)
@@ -96,3 +105,22 @@ def test_the_bench_writes_its_checkpoint_and_runs_from_the_wheel(installed, tmp_
     done = ffai(installed, *bench, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert '"frame"' in done.stdout and "Traceback" not in done.stderr
+
+
+def test_the_readme_install_alone_in_a_fresh_venv(wheel, tmp_path):
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True, timeout=300)
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q"]
+    for what in (["torch==2.13.0"], [str(wheel)]):  # README: the CPU wheel first, then ffai
+        done = subprocess.run([*pip, *what], capture_output=True, text=True, timeout=1200)
+        assert done.returncode == 0, done.stderr
+    shutil.copy(ROOT / "examples" / "demo_clip.mp4", tmp_path / "demo_clip.mp4")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "FFAI_MODEL", "VIRTUAL_ENV")}
+    env.update(FFAI_HOME=str(tmp_path / "home"), HOME=str(tmp_path / "home"))
+    args = ["caption", "-i", "demo_clip.mp4", "--fps", "2", "--window", "6", "-o", "demo.srt"]
+    done = subprocess.run(
+        [str(venv / "bin" / "ffai"), *args], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr
+    track = (tmp_path / "demo.srt").read_text()
+    assert all(scene in track for scene in ("red circle", "yellow star", "white triangle", "pink square")), track
