@@ -133,3 +133,19 @@ def reencode_vp9(source: str | Path, path: str | Path, width: int) -> Path:
             dst.mux(out.encode(scaled))
         dst.mux(out.encode(None))
     return path
+
+
+def count_decoded(monkeypatch) -> list[int]:
+    """Counts every frame ``ffai.media.video.decode`` gives out from now on (one cell, incremented)."""
+    from ffai.media import video
+
+    counter = [0]
+    decode = video.decode
+
+    def counting(*args, **kwargs):
+        for item in decode(*args, **kwargs):
+            counter[0] += 1
+            yield item
+
+    monkeypatch.setattr(video, "decode", counting)
+    return counter

@@ -18,8 +18,7 @@ from PIL import Image
 
 from ffai import media
 from ffai.errors import MediaError, UsageError
-from ffai.media import video
-from media_fixtures import decoded_times, expected_sample_times
+from media_fixtures import count_decoded, decoded_times, expected_sample_times
 from sample_media import (
     CORNERS,
     make_10bit_clip,
@@ -51,20 +50,6 @@ def clips(tmp_path_factory) -> dict[str, Path]:
 
 def times_of(frames) -> list[float]:
     return [f.time for f in frames]
-
-
-def count_decoded(monkeypatch) -> list[int]:
-    """Counts every frame the sampler pulls from the decoder (one cell, incremented)."""
-    counter = [0]
-    decode = video.decode
-
-    def counting(*args, **kwargs):
-        for item in decode(*args, **kwargs):
-            counter[0] += 1
-            yield item
-
-    monkeypatch.setattr(video, "decode", counting)
-    return counter
 
 
 # ---------------------------------------------------------------------------- sampling

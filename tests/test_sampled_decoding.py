@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from ffai import media
-from ffai.media import frame_sampling, video
+from ffai.media import frame_sampling
+from media_fixtures import count_decoded
 from sample_media import make_clip, make_vfr_clip, read_frame_index
 
 FPS = 25
@@ -68,7 +69,7 @@ def clips(tmp_path_factory) -> dict[str, Path]:
     return made
 
 
-def _samples(path: Path, fps: float, start: float, skip: bool, counter: list[int] | None = None):
+def _samples(path: Path, fps: float, start: float, skip: bool):
     frames = frame_sampling.sample(path, fps, start, None, None, skip_unsampled=skip)
     return [(f.time, f.image.tobytes(), read_frame_index(f.image)) for f in frames]
 
@@ -76,16 +77,7 @@ def _samples(path: Path, fps: float, start: float, skip: bool, counter: list[int
 @pytest.fixture
 def decoded(monkeypatch) -> list[int]:
     """Counts the frames the decoder gives out (one cell)."""
-    counter = [0]
-    decode = video.decode
-
-    def counting(*args, **kwargs):
-        for item in decode(*args, **kwargs):
-            counter[0] += 1
-            yield item
-
-    monkeypatch.setattr(video, "decode", counting)
-    return counter
+    return count_decoded(monkeypatch)
 
 
 @pytest.mark.parametrize("name", list(CLIPS))
