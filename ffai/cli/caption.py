@@ -102,6 +102,22 @@ Seed = Annotated[Optional[int], typer.Option("--seed", help="Seed; required for 
 Temperature = Annotated[float, typer.Option("--temperature", help="Sampling temperature (0: greedy).")]
 TopP = Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass.")]
 TopK = Annotated[int, typer.Option("--top-k", help="Sample among the k most likely tokens (0: all).")]
+Stop = Annotated[
+    Optional[List[str]],
+    typer.Option(
+        "--stop",
+        help="End an answer where its text first holds this string, the string left out (repeatable; "
+        'e.g. --stop "." for one sentence).',
+    ),
+]
+RepetitionPenalty = Annotated[
+    float,
+    typer.Option(
+        "--repetition-penalty",
+        help="Make tokens already in the prompt or the answer less likely, greedy or sampled (1.0: off; "
+        "1.1-1.3 stops a small model's loops), as transformers' repetition_penalty.",
+    ),
+]
 
 # --- where and how it runs --------------------------------------------------------------------
 
@@ -222,6 +238,8 @@ def caption(
     temperature: Temperature = 0.0,
     top_p: TopP = 1.0,
     top_k: TopK = 0,
+    repetition_penalty: RepetitionPenalty = 1.0,
+    stop: Stop = None,
     dtype: Dtype = "float32",
     device: Device = "auto",
     threads: Threads = None,
@@ -262,6 +280,8 @@ def caption(
         temperature=temperature,
         top_p=top_p,
         top_k=top_k,
+        repetition_penalty=repetition_penalty,
+        stop=tuple(stop or ()),
         seed=seed,
         window_as=window_as,
         min_pixels=min_pixels,
@@ -312,6 +332,8 @@ def caption_options(
     temperature: float,
     top_p: float,
     top_k: int,
+    repetition_penalty: float,
+    stop: tuple[str, ...],
     seed: int | None,
     window_as: str | None,
     min_pixels: int | None,
@@ -348,6 +370,8 @@ def caption_options(
             temperature=temperature,
             top_p=top_p,
             top_k=top_k,
+            repetition_penalty=repetition_penalty,
+            stop=stop,
             seed=seed,
             window_as=window_as,
             min_pixels=min_pixels,

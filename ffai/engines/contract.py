@@ -65,6 +65,10 @@ class DecodingOptions:
     ``prompt=None`` lets the engine use its default question. ``force_new_tokens`` makes the
     engine produce exactly ``max_new_tokens`` tokens whatever stop tokens appear (gates, bench).
     Greedy decoding (temperature 0) needs no seed; sampling does, so runs are reproducible.
+    ``repetition_penalty`` (1.0: off) divides the positive logits and multiplies the negative
+    ones of every token already in the prompt or the answer, before greedy or sampled choice
+    (transformers' ``repetition_penalty``). ``stop``: strings that end an answer where its text
+    first holds one; the answer is the text before it (``ffai.kit.stop_strings``).
     ``window_as`` is how a window's frames are presented (``WINDOW_PRESENTATIONS``); None lets
     the engine choose (video where its checkpoint supports it); an engine refuses one its
     checkpoint lacks.
@@ -79,6 +83,8 @@ class DecodingOptions:
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
+    repetition_penalty: float = 1.0
+    stop: tuple[str, ...] = ()
     seed: int | None = None
     force_new_tokens: bool = False
     window_as: str | None = None
@@ -106,6 +112,12 @@ class DecodingOptions:
             raise UsageError("--top-p must be in (0, 1]")
         if self.top_k < 0:
             raise UsageError("--top-k must be >= 0")
+        if any(not isinstance(stop, str) or stop == "" for stop in self.stop):
+            raise UsageError("--stop must not be empty")
+        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
+            raise UsageError(
+                f"--repetition-penalty must be a finite number > 0 (1.0: off), got {self.repetition_penalty}"
+            )
         if self.prompt is not None and not self.prompt.strip():
             raise UsageError("--prompt must not be empty")
         wants_sampling = self.temperature > 0 or self.top_p < 1 or self.top_k > 0

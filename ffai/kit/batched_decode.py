@@ -19,7 +19,7 @@ import torch
 from ffai.engines.contract import NoRoomYet
 from ffai.errors import EngineError
 from ffai.kit.generate import Prompt, prefill
-from ffai.kit.token_sampling import picker
+from ffai.kit.token_sampling import Penalize, penalizer, picker
 
 if TYPE_CHECKING:  # pragma: no cover
     from ffai.engines.contract import DecodingOptions
@@ -34,6 +34,8 @@ class _Sequence:
     pick: Callable[[torch.Tensor], torch.Tensor]
     on_token: Callable[[int], None] | None
     slot: int  # the cache slot the next token is written at
+    penalize: Penalize | None = None
+    ended: Callable[[list[int]], bool] | None = None  # stop strings, as ``generate`` takes them
     tokens: list[int] = field(default_factory=list)
     pending: int | None = None  # the token to feed at the next step
 
@@ -67,9 +69,15 @@ class DecodeBatch:
         return key in self._active
 
     def join(
-        self, key: Hashable, prompt: Prompt, options: DecodingOptions, on_token: Callable[[int], None] | None = None
+        self,
+        key: Hashable,
+        prompt: Prompt,
+        options: DecodingOptions,
+        on_token: Callable[[int], None] | None = None,
+        ended: Callable[[list[int]], bool] | None = None,
     ) -> list[int] | None:
-        """Start sequence ``key``: its tokens if it ends at its first, else None (it decodes on)."""
+        """Start sequence ``key``: its tokens if it ends at its first, else None (it decodes on).
+        ``ended`` as ``generate`` takes it."""
         if key in self._active:
             raise EngineError(f"sequence {key!r} is already being decoded")
         if prompt.embeds.dim() != 3 or prompt.embeds.shape[0] != 1:
@@ -80,7 +88,9 @@ class DecodeBatch:
                 f"prompt of {prompt.length} tokens + {n} new tokens exceeds the model's context of {limit}"
             )
         cache = self._cache(prompt.length + n, room=bool(self._active))
-        sequence = _Sequence(prompt, options, cache, picker(options, self.text.device), on_token, prompt.length)
+        pick = picker(options, self.text.device)
+        penalize = penalizer(options, prompt.ids)
+        sequence = _Sequence(prompt, options, cache, pick, on_token, prompt.length, penalize, ended)
         try:
             logits = prefill(self.text, prompt, cache)
             ended = self._advance(sequence, logits)
@@ -118,6 +128,8 @@ class DecodeBatch:
         """Pick the next token from ``logits`` (1, vocab), as ``decode_n_tokens`` does; True when
         the sequence has ended."""
         force = sequence.options.force_new_tokens
+        if sequence.penalize is not None:
+            logits = sequence.penalize(logits, sequence.tokens)
         if force and self._stops.numel():
             logits = logits.index_fill(-1, self._stops.to(logits.device), float("-inf"))
         value = int(sequence.pick(logits)[0])
@@ -127,6 +139,8 @@ class DecodeBatch:
         if sequence.on_token is not None:
             sequence.on_token(value)
         if len(sequence.tokens) == sequence.options.max_new_tokens:
+            return True
+        if sequence.ended is not None and sequence.ended(sequence.tokens):
             return True
         sequence.pending = value
         return False

@@ -9,8 +9,8 @@ tower's own (``TextModel.reserve_cache``), so a worker reuses it across windows.
 validated (``DecodingOptions``); only what they cannot know is checked here: one prompt, whose
 length with the new tokens fits the model's context.
 
-Stopping matches transformers' ``generate``: greedy argmax (first index on ties); a stop id ends
-the sequence. The reference's output keeps that final stop token, ours leaves it out; it is a
+Stopping matches transformers' ``generate``: greedy argmax (first index on ties), after the
+repetition penalty where asked (``token_sampling.penalizer``); a stop id ends the sequence. The reference's output keeps that final stop token, ours leaves it out; it is a
 special token, so the decoded text (``skip_special_tokens=True``) is the same. With
 ``force_new_tokens`` the stop ids are masked to -inf like transformers' ``min_new_tokens``, so
 exactly ``max_new_tokens`` tokens come back and they equal the reference's
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import torch
 
 from ffai.errors import EngineError
-from ffai.kit.token_sampling import picker
+from ffai.kit.token_sampling import Penalize, penalizer, picker
 
 if TYPE_CHECKING:  # pragma: no cover
     from ffai.engines.contract import DecodingOptions
@@ -40,12 +40,14 @@ class Prompt:
     head_dim) cos and signed sin of its positions, or None for plain positions 0 .. T-1 (the
     tower's own table). ``delta``: where the positions are not plain, the token generated i-th
     sits at position T + i + delta. ``inject``: features added after the first layers
-    (``TextModel.forward``)."""
+    (``TextModel.forward``). ``ids``: the prompt's token ids (those the repetition penalty
+    counts as seen)."""
 
     embeds: torch.Tensor
     rope: tuple[torch.Tensor, torch.Tensor] | None = None
     delta: int = 0
     inject: tuple[torch.Tensor, list[torch.Tensor]] | None = None
+    ids: torch.Tensor | None = None  # (T,) the prompt's token ids, for the repetition penalty
 
     @property
     def length(self) -> int:
@@ -81,12 +83,17 @@ def decode_n_tokens(
     stop_ids: Sequence[int],
     force: bool,
     on_token: Callable[[int], None] | None = None,
+    penalize: Penalize | None = None,
+    ended: Callable[[list[int]], bool] | None = None,
 ) -> list[int]:
     """Up to ``n`` tokens from the prefill's ``logits``; the next token goes in at cache ``slot``,
-    at rotary position ``slot + delta``."""
+    at rotary position ``slot + delta``. ``ended(tokens)`` ends them after a token (stop strings:
+    that token is kept)."""
     stops = torch.tensor(sorted(set(stop_ids)), dtype=torch.long, device=logits.device)
     tokens: list[int] = []
     while True:
+        if penalize is not None:
+            logits = penalize(logits, tokens)
         if force and stops.numel():
             logits = logits.index_fill(-1, stops, float("-inf"))
         token = pick(logits)  # (B,)
@@ -96,7 +103,7 @@ def decode_n_tokens(
         tokens.append(value)
         if on_token is not None:
             on_token(value)
-        if len(tokens) == n:
+        if len(tokens) == n or (ended is not None and ended(tokens)):
             return tokens
         logits = decode_one_token(text, token, slot, slot + delta, cache)
         slot += 1
@@ -109,8 +116,10 @@ def generate(
     options: DecodingOptions,
     stop_ids: Sequence[int],
     on_token: Callable[[int], None] | None = None,
+    ended: Callable[[list[int]], bool] | None = None,
 ) -> list[int]:
-    """New token ids for one prompt (stop token excluded); ``on_token`` sees each as it comes."""
+    """New token ids for one prompt (stop token excluded); ``on_token`` sees each as it comes;
+    ``ended`` as ``decode_n_tokens`` takes it."""
     if prompt.embeds.dim() != 3 or prompt.embeds.shape[0] != 1:
         raise EngineError(f"generate takes one prompt, got embeddings of shape {tuple(prompt.embeds.shape)}")
     n, limit = options.max_new_tokens, text.cfg.max_position_embeddings
@@ -130,4 +139,6 @@ def generate(
         stop_ids=stop_ids,
         force=options.force_new_tokens,
         on_token=on_token,
+        penalize=penalizer(options, prompt.ids),
+        ended=ended,
     )

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from ffai.engines.contract import Answer, DecodingOptions, RuntimeOptions, StageSpec
+from ffai.kit.stop_strings import StopFilter, cut, ended_by
 from ffai.kit.tokenizing import ChatPrompts, generate_streamed
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -126,20 +127,27 @@ class TextDecoder:
 
     def __call__(self, encoded: Encoded, on_text: Callable[[str], None] | None = None) -> Answer:
         """The answer; with ``on_text``, also its text piece by piece as it is generated (the
-        pieces add up to ``Answer.text``)."""
+        pieces add up to ``Answer.text``: with stop strings, the text before the first)."""
         if on_text is None:
             ids = self.generate_ids(encoded)
         else:
-            ids = generate_streamed(functools.partial(self.generate_ids, encoded), self.prompts.text_stream(), on_text)
-        return Answer(self.prompts.decode(ids), tuple(ids))
+            shown = StopFilter(encoded.options.stop, on_text)
+            ids = generate_streamed(functools.partial(self.generate_ids, encoded), self.prompts.text_stream(), shown)
+            shown.finish()
+        return self.answer(ids, encoded.options.stop)
 
     def generate_ids(self, encoded: Encoded, on_token: Callable[[int], None] | None = None) -> list[int]:
         import torch
 
         from ffai.kit.generate import generate
 
+        ended = ended_by(encoded.options.stop, self.prompts.decode)
         with torch.inference_mode():
-            return generate(self.net.text, self.net.prompt(encoded), encoded.options, self.stop_ids, on_token)
+            return generate(self.net.text, self.net.prompt(encoded), encoded.options, self.stop_ids, on_token, ended)
+
+    def answer(self, ids: list[int], stops: tuple[str, ...]) -> Answer:
+        """The answer of ``ids``: their text, up to the first stop string."""
+        return Answer(cut(self.prompts.decode(ids), stops), tuple(ids))
 
 
 class BatchedTextDecoder(TextDecoder):
@@ -155,7 +163,8 @@ class BatchedTextDecoder(TextDecoder):
         super().__init__(net, prompts)
         self.max_active = max_active
         self._batch = DecodeBatch(net.text, self.stop_ids)
-        self._streams: dict[Any, tuple[Any, Callable[[str], None]]] = {}
+        self._streams: dict[Any, tuple[Any, StopFilter]] = {}
+        self._stops: dict[Any, tuple[str, ...]] = {}
 
     def active(self) -> int:
         return len(self._batch)
@@ -166,19 +175,23 @@ class BatchedTextDecoder(TextDecoder):
         import torch
 
         on_token = None
+        stops = encoded.options.stop
         if on_text is not None:
-            stream = self.prompts.text_stream()
-            self._streams[key] = (stream, on_text)
+            stream, shown = self.prompts.text_stream(), StopFilter(stops, on_text)
+            self._streams[key] = (stream, shown)
 
             def on_token(token_id: int) -> None:
                 if piece := stream.step(token_id):
-                    on_text(piece)
+                    shown(piece)
 
+        self._stops[key] = stops
+        ended = ended_by(stops, self.prompts.decode)
         try:
             with torch.inference_mode():
-                ids = self._batch.join(key, self.net.prompt(encoded), encoded.options, on_token)
+                ids = self._batch.join(key, self.net.prompt(encoded), encoded.options, on_token, ended)
         except BaseException:
             self._streams.pop(key, None)
+            self._stops.pop(key, None)
             raise
         return None if ids is None else self._answer(key, ids)
 
@@ -193,9 +206,12 @@ class BatchedTextDecoder(TextDecoder):
     def drop(self, key: Any) -> None:
         self._batch.drop(key)
         self._streams.pop(key, None)
+        self._stops.pop(key, None)
 
     def _answer(self, key: Any, ids: list[int]) -> Answer:
         stream = self._streams.pop(key, None)
-        if stream is not None and (rest := stream[0].finish()):
-            stream[1](rest)
-        return Answer(self.prompts.decode(ids), tuple(ids))
+        if stream is not None:
+            if rest := stream[0].finish():
+                stream[1](rest)
+            stream[1].finish()
+        return self.answer(ids, self._stops.pop(key, ()))

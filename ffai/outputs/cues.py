@@ -90,6 +90,8 @@ class TrackHeader:
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
+    repetition_penalty: float | None = None  # None: off (1.0)
+    stop: tuple[str, ...] = ()
     created: str | None = None  # ISO 8601, see creation_time()
 
 

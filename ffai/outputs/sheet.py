@@ -21,6 +21,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import html
+import json
 import os
 import urllib.parse
 from pathlib import Path
@@ -159,6 +160,10 @@ def _facts(header: TrackHeader) -> list[tuple[str, str]]:
             decoding.append(f"top-p {h.top_p:g}")
         if h.temperature and h.top_k:
             decoding.append(f"top-k {h.top_k}")
+    if h.repetition_penalty is not None:
+        decoding.append(f"repetition penalty {h.repetition_penalty:g}")
+    if h.stop:
+        decoding.append("stop at " + ", ".join(json.dumps(stop, ensure_ascii=False) for stop in h.stop))
     decoding.append(f"at most {h.max_new_tokens} new tokens")
     if h.seed is not None:
         decoding.append(f"seed {h.seed}")

@@ -497,6 +497,8 @@ class _Driver:
             temperature=d.temperature,
             top_p=d.top_p,
             top_k=d.top_k,
+            repetition_penalty=d.repetition_penalty if d.repetition_penalty != 1.0 else None,
+            stop=d.stop,
             created=creation_time(),
         )
 

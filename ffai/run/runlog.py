@@ -48,6 +48,8 @@ SETTING_FLAGS = {
     "temperature": "--temperature",
     "top_p": "--top-p",
     "top_k": "--top-k",
+    "repetition_penalty": "--repetition-penalty",
+    "stop": "--stop",
     "seed": "--seed",
     "window_as": "--window-as",
     "min_pixels": "--min-pixels",
@@ -95,6 +97,10 @@ def settings(options: CaptionOptions, model: ResolvedModel, fmt: str) -> dict[st
     # the same settings.
     optional = ("window_as", "min_pixels", "max_pixels", "frame_min_pixels", "frame_max_pixels")
     given = {key: getattr(d, key) for key in optional if getattr(d, key) is not None}
+    if d.repetition_penalty != 1.0:  # likewise: named only when on
+        given["repetition_penalty"] = d.repetition_penalty
+    if d.stop:
+        given["stop"] = list(d.stop)
     return {
         "engine": model.engine.info.name,
         "model": model.name,

@@ -150,4 +150,4 @@ class Qwen3VL(PartedModel):
         positions, delta = self.positions(ids, images, videos)  # (3, 1, T)
         x, deepstack = self.embed(ids, images, videos)
         rope = rope_rows(positions[:, 0].to(x.device), self.cfg.text, self.cfg.mrope_section, self.text.dtype)
-        return Prompt(x, rope, delta, deepstack)
+        return Prompt(x, rope, delta, deepstack, ids=ids.reshape(-1))

@@ -123,4 +123,4 @@ class Idefics3(PartedModel):
         ids = torch.as_tensor(input_ids, dtype=torch.long)
         if ids.dim() > 2 or (ids.dim() == 2 and ids.shape[0] != 1):
             raise EngineError(f"a prompt is one sequence of ids, got input_ids of shape {tuple(ids.shape)}")
-        return Prompt(self.embed(ids.reshape(1, -1), image_embeds))  # (1, T, D)
+        return Prompt(self.embed(ids.reshape(1, -1), image_embeds), ids=ids.reshape(-1))  # (1, T, D)
