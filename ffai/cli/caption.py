@@ -106,6 +106,7 @@ Stop = Annotated[
     Optional[List[str]],
     typer.Option(
         "--stop",
+        metavar="STR",
         help="End an answer where its text first holds this string, the string left out (repeatable; "
         'e.g. --stop "." for one sentence).',
     ),
