@@ -86,7 +86,6 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seconds", type=int, default=20, help="length of the clip written without --clip")
     args = parser.parse_args()
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from ffai.kit.host import cpu_info
 
     clip = args.clip or CACHE / f"camera-like-1080p-{args.seconds}s.mp4"

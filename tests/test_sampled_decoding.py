@@ -4,6 +4,7 @@ sample is the same frame, pixel for pixel, as when every frame is decoded."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -16,55 +17,43 @@ from sample_media import make_clip, make_vfr_clip, read_frame_index
 FPS = 25
 
 
-def _h264(path: Path) -> Path:
-    # Three B-frames with a B-pyramid: the middle B of a run is a reference, the others are not.
-    options = {"bf": "3", "b-pyramid": "normal", "g": "50"}
-    return make_clip(path, 4.0, FPS, (96, 64), codec="libx264", options=options)
+def _clip(codec: str, options: dict[str, str]) -> Callable[[Path], Path]:
+    return lambda path: make_clip(path, 4.0, FPS, (96, 64), codec=codec, options=options)
 
 
-CLIPS = {
-    "h264-b-frames.mp4": _h264,
-    "h264-b-frames.ts": _h264,
-    "h264-b-frames.avi": _h264,  # AVI stores no pts: FFmpeg's guesses arrive shuffled
+# Three B-frames with a B-pyramid: the middle B of a run is a reference, the others are not.
+_H264 = ("libx264", _clip("libx264", {"bf": "3", "b-pyramid": "normal", "g": "50"}))
+
+CLIPS = {  # name -> (the encoder it needs, what writes it)
+    "h264-b-frames.mp4": _H264,
+    "h264-b-frames.ts": _H264,
+    "h264-b-frames.avi": _H264,  # AVI stores no pts: FFmpeg's guesses arrive shuffled
     # Open GOPs: frames after a keyframe in decode order that are shown before it (leading
     # pictures) reference the GOP before; x264's recovery points and x265's CRA pictures.
-    "h264-open-gop.mkv": lambda path: make_clip(
-        path,
-        4.0,
-        FPS,
-        (96, 64),
-        codec="libx264",
-        options={"bf": "3", "x264-params": "open-gop=1:keyint=25:min-keyint=25"},
+    "h264-open-gop.mkv": (
+        "libx264",
+        _clip("libx264", {"bf": "3", "x264-params": "open-gop=1:keyint=25:min-keyint=25"}),
     ),
-    "hevc.mkv": lambda path: make_clip(
-        path,
-        4.0,
-        FPS,
-        (96, 64),
-        codec="libx265",
-        options={"preset": "ultrafast", "x265-params": "log-level=error:bframes=4:keyint=25:min-keyint=25:open-gop=1"},
+    "hevc.mkv": (
+        "libx265",
+        _clip(
+            "libx265",
+            {"preset": "ultrafast", "x265-params": "log-level=error:bframes=4:keyint=25:min-keyint=25:open-gop=1"},
+        ),
     ),
     # lag-in-frames lets libvpx code hidden alt-ref frames, which the decoder must still read.
-    "vp9.webm": lambda path: make_clip(
-        path,
-        4.0,
-        FPS,
-        (96, 64),
-        codec="libvpx-vp9",
-        options={"auto-alt-ref": "1", "lag-in-frames": "16", "cpu-used": "8"},
-    ),
-    "mpeg4-b-frames.avi": lambda path: make_clip(path, 4.0, FPS, (96, 64), codec="mpeg4", options={"bf": "2"}),
-    "vfr-b-frames.mkv": lambda path: make_vfr_clip(path, size=(96, 64), b_frames=3),
+    "vp9.webm": ("libvpx-vp9", _clip("libvpx-vp9", {"auto-alt-ref": "1", "lag-in-frames": "16", "cpu-used": "8"})),
+    "mpeg4-b-frames.avi": ("mpeg4", _clip("mpeg4", {"bf": "2"})),
+    "vfr-b-frames.mkv": ("libx264", lambda path: make_vfr_clip(path, size=(96, 64), b_frames=3)),
 }
-ENCODERS = {"h264": "libx264", "hevc": "libx265", "vp9": "libvpx-vp9", "mpeg4": "mpeg4", "vfr": "libx264"}
 
 
 @pytest.fixture(scope="module")
 def clips(tmp_path_factory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("sampled")
     made = {}
-    for name, make in CLIPS.items():
-        if media.encoder_available(ENCODERS[name.split("-")[0].split(".")[0]]):
+    for name, (encoder, make) in CLIPS.items():
+        if media.encoder_available(encoder):
             made[name] = make(folder / name)
     return made
 
@@ -143,7 +132,7 @@ def test_a_damaged_stream_stops_the_skipping(tmp_path, decoded):
     # every frame is decoded again, so samples after the damage are those of a whole decode.
     import av
 
-    source = _h264(tmp_path / "clean.mp4")
+    source = _H264[1](tmp_path / "clean.mp4")
     damaged = tmp_path / "damaged.mkv"
     with av.open(str(source)) as src, av.open(str(damaged), "w") as dst:
         stream = src.streams.video[0]

@@ -86,12 +86,9 @@ class Unsampled:
         earliest = self.earliest.get(period)
         if earliest is not None and earliest < time:
             return True
-        if earliest is None:
-            self.earliest[period] = time
-            if len(self.earliest) > self.KEPT_PERIODS:
-                del self.earliest[min(self.earliest)]
-        else:
-            self.earliest[period] = min(earliest, time)
+        self.earliest[period] = time
+        if earliest is None and len(self.earliest) > self.KEPT_PERIODS:
+            del self.earliest[min(self.earliest)]
         return False
 
 

@@ -252,9 +252,10 @@ def _drop_before(packets: _Packets, held: list[av.Packet], unwanted: Callable[[a
 
 def _drained(context: av.codec.context.CodecContext) -> list[av.VideoFrame]:
     """The frames `context` holds back (reordering), and the decoder reset for a new start."""
-    frames = context.decode(None)
-    context.flush_buffers()
-    return frames
+    try:
+        return context.decode(None)
+    finally:
+        context.flush_buffers()
 
 
 def decode(
